@@ -1,0 +1,44 @@
+# Two commands set everything up on a fresh machine with Python 3.10+:
+#   make demo   -> .venv, install, `jaxmem reproduce --quick` (writes reports/quick/REPORT.md)
+#   make test   -> .venv, install .[dev], the test suite
+# A second run reinstalls nothing unless pyproject.toml or constraints.txt changed.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+# constraints.txt pins the versions the suite was last verified with.
+PIP_INSTALL := $(PIP) install --quiet --disable-pip-version-check -c constraints.txt
+PYTEST_ARGS ?=
+
+.PHONY: demo test install install-dev bench lint clean
+
+$(BIN)/python:
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "jaxmem needs Python >= 3.10"'
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP_INSTALL) -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP_INSTALL) -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: $(VENV)/.installed
+	$(BIN)/jaxmem reproduce --quick --out reports/quick
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed
+	$(PIP_INSTALL) -e '.[bench]'
+	$(BIN)/jaxmem bench
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check jaxmem tests configs
+
+clean:
+	rm -rf $(VENV) reports runs .pytest_cache

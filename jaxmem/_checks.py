@@ -1,0 +1,56 @@
+"""Argument checks for public boundaries.
+
+Every public function validates its inputs here and raises ``ValueError`` naming the
+argument and the shapes it saw, so that users never meet a bare XLA shape error from
+deep inside a ``lax.scan``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+  return tuple(getattr(x, "shape", ()))
+
+
+def check_rank(name: str, x: Any, rank: int, layout: str) -> tuple[int, ...]:
+  """Raises unless ``x`` has ``rank`` dimensions; ``layout`` names them, e.g. 'B, T, H, D'."""
+  shape = shape_of(x)
+  if len(shape) != rank:
+    raise ValueError(
+        f"`{name}` must have rank {rank} [{layout}], got shape {shape} (rank {len(shape)})."
+    )
+  return shape
+
+
+def check_equal(what: str, **named: int) -> None:
+  """Raises unless all named sizes agree, e.g. ``check_equal('heads', q=4, k=2)``."""
+  values = set(named.values())
+  if len(values) > 1:
+    seen = ", ".join(f"{k}={v}" for k, v in named.items())
+    raise ValueError(f"mismatched {what}: {seen}.")
+
+
+def check_positive_int(name: str, value: Any) -> int:
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+  return value
+
+
+def check_finite_number(name: str, value: Any, *, positive: bool = False) -> float:
+  try:
+    v = float(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"`{name}` must be a number, got {value!r}.") from None
+  if not math.isfinite(v) or (positive and v <= 0):
+    kind = "a finite positive" if positive else "a finite"
+    raise ValueError(f"`{name}` must be {kind} number, got {value!r}.")
+  return v
+
+
+def check_choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
+  if value not in choices:
+    raise ValueError(f"`{name}` must be one of {list(choices)}, got {value!r}.")
+  return value

@@ -1,0 +1,110 @@
+"""The ``jaxmem`` command: ``train | eval | reproduce | bench`` — thin over the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Optional, Sequence
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="jaxmem", description=__doc__)
+  sub = p.add_subparsers(dest="command", required=True)
+
+  t = sub.add_parser("train", help="train a model from a config file; resumes from workdir",
+                     epilog="Override any field with --config.section.field=value.")
+  t.add_argument("--config", required=True,
+                 help="config file, optionally with a variant: configs/lm_baseline.py:quick")
+  t.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, config.json")
+  t.add_argument("--stop_after", type=int, default=None,
+                 help="stop after this many steps of this invocation (resume later)")
+  t.add_argument("--no_progress", action="store_true", help="no progress bar")
+
+  e = sub.add_parser("eval", help="bits per byte of a trained LM on a split")
+  e.add_argument("--workdir", required=True)
+  e.add_argument("--split", default="validation", choices=["validation", "test", "train"])
+  e.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+
+  r = sub.add_parser("reproduce", help="run registered experiments and write REPORT.md")
+  r.add_argument("--quick", action="store_true", help="2-CPU-core sizes (minutes)")
+  r.add_argument("--only", action="append", default=None,
+                 help="experiment name (repeatable, or comma-separated)")
+  r.add_argument("--out", default=None, help="output folder (default reports/quick or reports/full)")
+  r.add_argument("--list", action="store_true", help="list experiments and exit")
+  r.add_argument("--no_progress", action="store_true")
+
+  b = sub.add_parser("bench", help="benchmarks, as ratios against baselines in the same run")
+  b.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
+  b.add_argument("--quick", action="store_true", help="smaller sizes")
+  b.add_argument("--repeats", type=int, default=5)
+  return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  parser = _parser()
+  args, extra = parser.parse_known_args(argv)
+  overrides = [a for a in extra if a.startswith("--config.")]
+  stray = [a for a in extra if not a.startswith("--config.")]
+  if stray or (overrides and args.command != "train"):
+    parser.error(f"unrecognized arguments: {' '.join(stray or overrides)}")
+  try:
+    return _dispatch(args, overrides)
+  except ValueError as e:
+    print(f"jaxmem {args.command}: error: {e}", file=sys.stderr)
+    return 2
+
+
+def _dispatch(args, overrides) -> int:
+  if os.environ.get("JAXMEM_DISTRIBUTED") == "1":  # multi-host TPU: set by tpu_scripts/launch.sh
+    import jax
+    jax.distributed.initialize()
+  if args.command == "train":
+    from jaxmem import config as config_lib
+    from jaxmem.data import CorpusNotFoundError
+    from jaxmem.train import NonFiniteLossError, train_lm
+    cfg = config_lib.apply_overrides(config_lib.load_config(args.config), overrides)
+    try:
+      res = train_lm(cfg, args.workdir, stop_after=args.stop_after, progress=not args.no_progress)
+    except CorpusNotFoundError as e:
+      print(f"jaxmem train: error: {e}", file=sys.stderr)
+      return 2
+    except NonFiniteLossError as e:
+      print(f"jaxmem train: stopped: {e}", file=sys.stderr)
+      return 3
+    print(json.dumps({"step": res.step, **res.final_metrics}))
+    return 0
+
+  if args.command == "eval":
+    from jaxmem.data import load_corpus
+    from jaxmem.train import evaluate_bpb, load_trained_lm
+    model, cfg, step = load_trained_lm(args.workdir, args.step)
+    corpus = load_corpus(cfg.data.corpus, cfg.data.path)
+    r = evaluate_bpb(model, corpus[args.split], cfg.data.seq_len, cfg.data.eval_batch_size)
+    print(json.dumps({"step": step, "split": args.split, **r}))
+    return 0
+
+  if args.command == "reproduce":
+    from jaxmem.experiments import load_all
+    from jaxmem.experiments.report import reproduce
+    if args.list:
+      for name, exp in load_all().items():
+        print(f"{name:20s} [{exp.paper}] {exp.description}")
+      return 0
+    only = [n for item in (args.only or []) for n in item.split(",") if n]
+    out = args.out or ("reports/quick" if args.quick else "reports/full")
+    status = reproduce(out, quick=args.quick, only=only or None, progress=not args.no_progress)
+    print(f"report: {out}/REPORT.md")
+    return 1 if any(s["status"] == "failed" for s in status.values()) else 0
+
+  if args.command == "bench":
+    from jaxmem.bench import run_benches
+    print(run_benches(args.names, quick=args.quick, repeats=args.repeats))
+    return 0
+  raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

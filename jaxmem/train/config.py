@@ -1,0 +1,112 @@
+"""Typed, frozen configs for the training stack (built from ConfigDicts by jaxmem.config)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+from jaxmem.models.transformer import TransformerConfig
+
+
+def _positive_int(owner: str, name: str, value, *, allow_zero: bool = False) -> None:
+  ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+  if not ok:
+    kind = "a non-negative" if allow_zero else "a positive"
+    raise ValueError(f"{owner}.{name} must be {kind} integer, got {value!r}.")
+
+
+def _finite(owner: str, name: str, value, lo: float = -math.inf, hi: float = math.inf) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+      or not lo <= value <= hi:
+    raise ValueError(f"{owner}.{name} must be a finite number in [{lo}, {hi}], got {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Optimiser (AdamW, linear warmup then cosine decay, global-norm clipping) and loop.
+
+  Attributes:
+    n_steps: total optimizer steps (the schedule's length).
+    lr: peak learning rate, reached after ``warmup_steps``.
+    min_lr_ratio: the cosine decays to ``lr * min_lr_ratio`` at ``n_steps``.
+    weight_decay: decoupled weight decay, applied to matrices and embeddings only.
+    grad_clip: global gradient-norm clip (0 disables).
+    ckpt_every: save a checkpoint every this many steps (and at the end).
+    keep_checkpoints: how many recent checkpoints to keep.
+    eval_every: evaluate on the validation split every this many steps (0: only at the end).
+    log_every: write a metrics row every this many steps.
+  """
+
+  n_steps: int = 1000
+  lr: float = 1e-3
+  min_lr_ratio: float = 0.1
+  warmup_steps: int = 100
+  weight_decay: float = 0.1
+  b1: float = 0.9
+  b2: float = 0.95
+  grad_clip: float = 1.0
+  seed: int = 0
+  ckpt_every: int = 200
+  keep_checkpoints: int = 3
+  eval_every: int = 0
+  log_every: int = 10
+
+  def __post_init__(self):
+    o = "TrainConfig"
+    for name in ("n_steps", "ckpt_every", "keep_checkpoints", "log_every"):
+      _positive_int(o, name, getattr(self, name))
+    for name in ("warmup_steps", "eval_every", "seed"):
+      _positive_int(o, name, getattr(self, name), allow_zero=True)
+    _finite(o, "lr", self.lr, 0.0)
+    _finite(o, "min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+    _finite(o, "weight_decay", self.weight_decay, 0.0)
+    _finite(o, "b1", self.b1, 0.0, 1.0)
+    _finite(o, "b2", self.b2, 0.0, 1.0)
+    _finite(o, "grad_clip", self.grad_clip, 0.0)
+    if self.warmup_steps > self.n_steps:
+      raise ValueError(
+          f"TrainConfig.warmup_steps={self.warmup_steps} exceeds n_steps={self.n_steps}."
+      )
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Byte corpus and windows.
+
+  Attributes:
+    corpus: ``tinyshakespeare`` or ``wikitext2``.
+    path: explicit corpus location (else ``$JAXMEM_DATA_DIR``, cache, ...).
+    seq_len: window length in bytes.
+    batch_size: global batch size (split over devices; must be divisible by their count).
+    eval_batch_size: windows per evaluation batch.
+    eval_max_windows: cap on validation windows during training (0: the whole split);
+      the final evaluation always uses the whole split.
+  """
+
+  corpus: str = "tinyshakespeare"
+  path: Optional[str] = None
+  seq_len: int = 128
+  batch_size: int = 32
+  eval_batch_size: int = 64
+  eval_max_windows: int = 0
+
+  def __post_init__(self):
+    for name in ("seq_len", "batch_size", "eval_batch_size"):
+      _positive_int("DataConfig", name, getattr(self, name))
+    _positive_int("DataConfig", "eval_max_windows", self.eval_max_windows, allow_zero=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+  """A language-model run: model, data, training."""
+
+  model: TransformerConfig = TransformerConfig()
+  data: DataConfig = DataConfig()
+  train: TrainConfig = TrainConfig()
+
+  def __post_init__(self):
+    if self.data.seq_len > self.model.max_len:
+      raise ValueError(
+          f"data.seq_len={self.data.seq_len} exceeds model.max_len={self.model.max_len}."
+      )

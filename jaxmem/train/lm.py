@@ -1,0 +1,141 @@
+"""Language modelling on byte corpora: loss, bits-per-byte evaluation, a train entry point."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxmem import config as config_lib
+from jaxmem.data import RandomWindows, eval_windows, load_corpus
+from jaxmem.data.corpora import Corpus
+from jaxmem.models.transformer import TransformerLM
+from jaxmem.train import loop
+from jaxmem.train.config import LMConfig
+
+LN2 = math.log(2.0)
+
+
+def token_nll(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
+  """Per-token negative log-likelihood in nats, float32."""
+  logp = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+  return -jnp.take_along_axis(logp, targets_BT[..., None], axis=-1)[..., 0]
+
+
+def lm_loss(model: nnx.Module, batch: dict) -> tuple:
+  """Mean next-byte NLL (nats) over the batch; metrics add bits per byte."""
+  nll = token_nll(model(batch["inputs"]), batch["targets"])
+  if "mask" in batch:
+    loss = (nll * batch["mask"]).sum() / jnp.maximum(batch["mask"].sum(), 1.0)
+  else:
+    loss = nll.mean()
+  return loss, {"bpb": loss / LN2}
+
+
+def evaluate_bpb(model: nnx.Module, tokens: np.ndarray, seq_len: int, batch_size: int = 64,
+                 max_windows: int = 0, mesh=None) -> dict:
+  """Bits per byte over deterministic non-overlapping windows of ``tokens``.
+
+  Every byte after the first is predicted exactly once (or the first ``max_windows``
+  windows only, when > 0). Batches are sharded over the ``data`` mesh axis.
+  """
+  w = eval_windows(tokens, seq_len)
+  if max_windows:
+    w = {k: v[:max_windows] for k, v in w.items()}
+  mesh = loop.make_mesh() if mesh is None else mesh
+  n_dev = mesh.devices.size
+  bs = -(-batch_size // n_dev) * n_dev
+  n = w["inputs"].shape[0]
+  pad = (-n) % bs
+  w = {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in w.items()}
+  graphdef, state = nnx.split(model)
+  sharding = NamedSharding(mesh, P("data"))
+
+  @jax.jit
+  def nll_sum(state, batch):
+    m = nnx.merge(graphdef, state)
+    nll = token_nll(m(batch["inputs"]), batch["targets"])
+    return (nll * batch["mask"]).sum(dtype=jnp.float32)
+
+  total = 0.0
+  for i in range(0, w["inputs"].shape[0], bs):
+    batch = {k: jax.device_put(v[i:i + bs], sharding) for k, v in w.items()}
+    total += float(nll_sum(state, batch))
+  count = float(w["mask"].sum())
+  return {"nll": total / count, "bpb": total / count / LN2, "n_bytes": int(count)}
+
+
+def lm_config_from(cfg) -> LMConfig:
+  """ConfigDict / dict / LMConfig -> LMConfig (unknown fields raise ValueError)."""
+  if isinstance(cfg, LMConfig):
+    return cfg
+  return config_lib.to_dataclass(LMConfig, cfg)
+
+
+def _check_saved_config(workdir: pathlib.Path, cfg: LMConfig) -> None:
+  path = workdir / "config.json"
+  new = config_lib.to_dict(cfg)
+  if path.exists():
+    old = json.loads(path.read_text())
+    for section in ("model", "data"):
+      if old.get(section) != new[section]:
+        raise ValueError(
+            f"`workdir` {str(workdir)!r} holds a run with a different {section} config "
+            f"({old.get(section)} vs {new[section]}); use a new workdir."
+        )
+  path.write_text(json.dumps(new, indent=2))
+
+
+def train_lm(cfg, workdir, *, corpus: Optional[Corpus] = None, stop_after: Optional[int] = None,
+             progress: bool = True, devices=None) -> loop.TrainResult:
+  """Trains the baseline byte LM; ``final_metrics`` gets ``val_bpb`` over the whole split."""
+  cfg = lm_config_from(cfg)
+  workdir = loop.prepare_workdir(workdir)
+  _check_saved_config(workdir, cfg)
+  if corpus is None:
+    corpus = load_corpus(cfg.data.corpus, cfg.data.path)
+  mesh = loop.make_mesh(devices)
+  train_iter = RandomWindows(corpus["train"], cfg.data.seq_len, cfg.data.batch_size,
+                             seed=cfg.train.seed, process_index=jax.process_index())
+
+  def evaluate(model, step):
+    full = step == cfg.train.n_steps
+    r = evaluate_bpb(model, corpus["validation"], cfg.data.seq_len, cfg.data.eval_batch_size,
+                     0 if full else cfg.data.eval_max_windows, mesh)
+    return {"val_bpb": r["bpb"]}
+
+  task = loop.TrainTask(
+      init_model=lambda rngs: TransformerLM(cfg.model, rngs=rngs),
+      loss_fn=lm_loss, train_iter=train_iter, evaluate=evaluate,
+  )
+  return loop.train(task, cfg.train, workdir, stop_after=stop_after, progress=progress,
+                    devices=devices)
+
+
+def load_trained_lm(workdir: str | os.PathLike, step: Optional[int] = None) -> tuple:
+  """(model, LMConfig, step) from a training workdir's config.json and latest checkpoint."""
+  workdir = pathlib.Path(workdir).expanduser().resolve()
+  cfg_path = workdir / "config.json"
+  if not cfg_path.exists():
+    raise ValueError(f"`workdir` {str(workdir)!r} has no config.json: not a jaxmem training run.")
+  cfg = lm_config_from(json.loads(cfg_path.read_text()))
+  from jaxmem.train.checkpoint import Checkpointer
+  ckpt = Checkpointer(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
+  step = ckpt.latest_step() if step is None else step
+  if step is None:
+    raise ValueError(f"`workdir` {str(workdir)!r} has no checkpoint yet.")
+  model = TransformerLM(cfg.model, rngs=nnx.Rngs(cfg.train.seed))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  tx = loop.make_optimizer(cfg.train)
+  target = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+  state, _ = ckpt.restore(step, target)
+  ckpt.close()
+  return nnx.merge(graphdef, state["params"], rest), cfg, step

@@ -1,0 +1,70 @@
+"""Random training windows (deterministic, resumable) and exhaustive eval windows."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from jaxmem.data import RandomWindows, eval_windows, ngram_bpb
+
+
+def test_targets_are_inputs_shifted_by_one():
+  tokens = np.arange(1000) % 251
+  b = RandomWindows(tokens, seq_len=17, batch_size=5, seed=3).batch_at(0)
+  assert b["inputs"].shape == (5, 17) and b["inputs"].dtype == np.int32
+  np.testing.assert_array_equal(b["inputs"][:, 1:], b["targets"][:, :-1])
+  np.testing.assert_array_equal((b["inputs"] + 1) % 251, b["targets"])
+
+
+def test_iterator_state_restores_the_exact_stream():
+  tokens = np.random.default_rng(0).integers(0, 256, 5000)
+  a = RandomWindows(tokens, 32, 4, seed=7)
+  first = [next(a) for _ in range(5)]
+  state = a.get_state()
+  later = [next(a) for _ in range(3)]
+  b = RandomWindows(tokens, 32, 4, seed=7)
+  b.set_state(state)
+  for x, y in zip(later, [next(b) for _ in range(3)]):
+    np.testing.assert_array_equal(x["inputs"], y["inputs"])
+  assert not np.array_equal(first[0]["inputs"], first[1]["inputs"])
+  with pytest.raises(ValueError, match="seed"):
+    RandomWindows(tokens, 32, 4, seed=8).set_state(state)
+
+
+def test_processes_draw_different_windows():
+  tokens = np.arange(10_000) % 256
+  a = RandomWindows(tokens, 16, 4, seed=0, process_index=0).batch_at(3)
+  b = RandomWindows(tokens, 16, 4, seed=0, process_index=1).batch_at(3)
+  assert not np.array_equal(a["inputs"], b["inputs"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 300), seq_len=st.integers(1, 40))
+def test_eval_windows_cover_every_target_exactly_once(n, seq_len):
+  tokens = np.random.default_rng(n).integers(0, 256, n)
+  w = eval_windows(tokens, seq_len)
+  assert w["mask"].sum() == n - 1
+  flat_t = w["targets"].reshape(-1)[w["mask"].reshape(-1) > 0]
+  flat_i = w["inputs"].reshape(-1)[w["mask"].reshape(-1) > 0]
+  np.testing.assert_array_equal(flat_t, tokens[1:])
+  np.testing.assert_array_equal(flat_i, tokens[:-1])
+
+
+def test_bad_arguments_raise():
+  with pytest.raises(ValueError, match="fewer than seq_len"):
+    RandomWindows(np.arange(10), seq_len=10, batch_size=2)
+  with pytest.raises(ValueError, match="`seq_len`"):
+    RandomWindows(np.arange(100), seq_len=0, batch_size=2)
+  with pytest.raises(ValueError, match="`batch_size`"):
+    RandomWindows(np.arange(100), seq_len=4, batch_size=-1)
+  with pytest.raises(ValueError, match="1-D"):
+    eval_windows(np.zeros((3, 3)), 4)
+  with pytest.raises(ValueError, match="`order`"):
+    ngram_bpb(np.arange(5), np.arange(5), order=3)
+
+
+def test_ngram_bpb_of_a_deterministic_cycle():
+  cycle = np.tile(np.arange(4), 500)
+  # bigram: each byte predicts the next with prob (count + a) / (count_row + 256 a)
+  bpb = ngram_bpb(cycle, cycle, 2, alpha=1e-9)
+  assert bpb < 1e-6
+  assert ngram_bpb(cycle, cycle, 1, alpha=1e-9) == pytest.approx(2.0, abs=1e-6)

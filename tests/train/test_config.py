@@ -1,0 +1,64 @@
+"""Config files, --config.field=value overrides, and typed dataclass validation."""
+
+import pytest
+
+from jaxmem import config as config_lib
+from jaxmem.train import LMConfig, TrainConfig
+from jaxmem.train.lm import lm_config_from
+
+
+def test_quick_variant_loads_and_converts():
+  cfg = lm_config_from(config_lib.load_config("configs/lm_baseline.py:quick"))
+  assert isinstance(cfg, LMConfig) and cfg.model.d_model == 128 and cfg.train.n_steps == 600
+  assert lm_config_from(config_lib.load_config("lm_baseline")).model.n_layers == 6
+
+
+def test_overrides_are_parsed_by_field_type():
+  cfg = config_lib.apply_overrides(
+      config_lib.load_config("lm_baseline:quick"),
+      ["--config.train.lr=0.5", "--config.model.n_layers=2", "--config.model.remat=true",
+       "--config.data.corpus=wikitext2", "--config.data.path=/tmp/x"],
+  )
+  assert cfg.train.lr == 0.5 and cfg.model.n_layers == 2 and cfg.model.remat is True
+  assert cfg.data.corpus == "wikitext2" and cfg.data.path == "/tmp/x"
+
+
+@pytest.mark.parametrize(
+    "override,match",
+    [("--config.train.lrr=1", r"unknown config field 'train.lrr'.*valid: \[.*'lr'"),
+     ("--config.optim.lr=1", r"<top level> has no field 'optim'"),
+     ("--config.train.n_steps=ten", r"expects an int"),
+     ("--config.model.remat=maybe", r"expects a bool"),
+     ("--config.train.lr", r"must look like --config.field=value")],
+)
+def test_bad_overrides_raise(override, match):
+  with pytest.raises(ValueError, match=match):
+    config_lib.apply_overrides(config_lib.load_config("lm_baseline:quick"), [override])
+
+
+def test_unknown_fields_in_a_dict_config_raise():
+  with pytest.raises(ValueError, match=r"unknown config field\(s\) \['depth'\] in model"):
+    lm_config_from({"model": {"depth": 3}})
+
+
+def test_unknown_config_file_and_variant_raise():
+  with pytest.raises(ValueError, match="no config named 'nope'"):
+    config_lib.load_config("nope")
+  with pytest.raises(ValueError, match="variant"):
+    config_lib.load_config("lm_baseline:huge")
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [({"lr": float("nan")}, "TrainConfig.lr"), ({"n_steps": 0}, "n_steps"),
+     ({"warmup_steps": 50, "n_steps": 10}, "warmup_steps=50 exceeds"),
+     ({"b2": 1.5}, "b2"), ({"keep_checkpoints": 0}, "keep_checkpoints")],
+)
+def test_train_config_validation(kw, match):
+  with pytest.raises(ValueError, match=match):
+    TrainConfig(**kw)
+
+
+def test_seq_len_longer_than_model_raises():
+  with pytest.raises(ValueError, match="exceeds model.max_len"):
+    lm_config_from({"model": {"max_len": 16}, "data": {"seq_len": 32}})

@@ -1,0 +1,133 @@
+"""Training loop: learning, resume equivalence, divergence handling, bad workdirs."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxmem.data import load_corpus
+from jaxmem.train import NonFiniteLossError, TrainConfig, TrainTask, read_metrics, train, train_lm
+from jaxmem.train.checkpoint import Checkpointer
+from tests.conftest import tiny_lm_config
+
+
+def params_of(model):
+  return jax.tree.leaves(nnx.state(model, nnx.Param))
+
+
+def test_a_few_steps_reduce_the_loss(synthetic_data_dir, tmp_path):
+  cfg = tiny_lm_config("--config.train.n_steps=30", "--config.train.ckpt_every=30")
+  res = train_lm(cfg, tmp_path / "w", progress=False)
+  losses = [r["loss"] for r in res.history if "loss" in r]
+  assert len(losses) == 30
+  assert np.mean(losses[-3:]) < 0.75 * np.mean(losses[:3]), losses
+  assert res.final_metrics["val_bpb"] < np.mean(losses[:3]) / np.log(2)
+
+
+def test_resume_equals_an_uninterrupted_run(synthetic_data_dir, tmp_path):
+  """2N steps in one run == N steps, restart from the checkpoint, N more."""
+  cfg = tiny_lm_config()
+  straight = train_lm(cfg, tmp_path / "a", progress=False)
+  first = train_lm(cfg, tmp_path / "b", stop_after=4, progress=False)
+  assert first.step == 4 and first.resumed_from is None
+  second = train_lm(cfg, tmp_path / "b", progress=False)
+  assert second.resumed_from == 4 and second.step == 8
+  for a, b in zip(params_of(straight.model), params_of(second.model)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  # one history, no duplicated steps, identical per-step losses
+  rows_a = [r for r in read_metrics(tmp_path / "a" / "metrics.jsonl") if "loss" in r]
+  rows_b = [r for r in read_metrics(tmp_path / "b" / "metrics.jsonl") if "loss" in r]
+  assert [r["step"] for r in rows_b] == list(range(1, 9))
+  np.testing.assert_allclose([r["loss"] for r in rows_a], [r["loss"] for r in rows_b], rtol=1e-6)
+  # a finished run is a no-op on rerun
+  assert train_lm(cfg, tmp_path / "b", progress=False).step == 8
+
+
+def test_keeps_only_the_last_k_checkpoints(synthetic_data_dir, tmp_path):
+  cfg = tiny_lm_config("--config.train.ckpt_every=2", "--config.train.keep_checkpoints=2")
+  train_lm(cfg, tmp_path / "w", progress=False)
+  ck = Checkpointer(tmp_path / "w" / "checkpoints", keep=2)
+  assert ck.all_steps() == [6, 8]
+  ck.close()
+
+
+class _Regression(nnx.Module):
+  def __init__(self, rngs):
+    self.lin = nnx.Linear(3, 1, rngs=rngs)
+
+  def __call__(self, x):
+    return self.lin(x)
+
+
+class _Batches:
+  """Regression batches; the batch at ``poison_at`` holds a NaN."""
+
+  def __init__(self, poison_at):
+    self.position, self.poison_at = 0, poison_at
+
+  def get_state(self):
+    return {"position": self.position}
+
+  def set_state(self, s):
+    self.position = s["position"]
+
+  def __next__(self):
+    rng = np.random.default_rng(self.position)
+    x = rng.normal(size=(4, 3)).astype(np.float32)
+    if self.position == self.poison_at:
+      x[0, 0] = np.nan
+    self.position += 1
+    return {"x": x, "y": x.sum(1, keepdims=True)}
+
+
+def _mse(model, batch):
+  return jnp.mean((model(batch["x"]) - batch["y"]) ** 2), {}
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+  cfg = TrainConfig(n_steps=20, lr=0.05, warmup_steps=0, ckpt_every=3, log_every=1)
+  task = TrainTask(init_model=_Regression, loss_fn=_mse, train_iter=_Batches(poison_at=7))
+  with pytest.raises(NonFiniteLossError, match=r"step 8: loss=nan.*last good checkpoint is step 6"):
+    train(task, cfg, tmp_path / "w", progress=False)
+  ck = Checkpointer(tmp_path / "w" / "checkpoints", keep=3)
+  assert ck.latest_step() == 6
+  model = _Regression(nnx.Rngs(0))
+  _, params, _ = nnx.split(model, nnx.Param, ...)
+  from jaxmem.train import make_optimizer
+  tx = make_optimizer(cfg)
+  state, meta = ck.restore(6, {"step": jnp.zeros((), jnp.int32), "params": params,
+                               "opt_state": tx.init(params)})
+  ck.close()
+  assert meta["data"] == {"position": 6}
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state))
+  rows = read_metrics(tmp_path / "w" / "metrics.jsonl")
+  assert max(r["step"] for r in rows) == 7  # the bad step is never logged as a result
+
+
+def test_unwritable_workdir_raises_value_error(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a folder")
+  cfg = TrainConfig(n_steps=2, warmup_steps=0)
+  task = TrainTask(init_model=_Regression, loss_fn=_mse, train_iter=_Batches(-1))
+  with pytest.raises(ValueError, match=r"`workdir` .*a_file/run.* is not writable"):
+    train(task, cfg, blocker / "run", progress=False)
+
+
+def test_workdir_of_a_different_model_is_refused(synthetic_data_dir, tmp_path):
+  train_lm(tiny_lm_config("--config.train.n_steps=2", "--config.train.warmup_steps=0"),
+           tmp_path / "w", progress=False)
+  other = tiny_lm_config("--config.model.d_model=32", "--config.train.n_steps=2",
+                         "--config.train.warmup_steps=0")
+  with pytest.raises(ValueError, match="different model config"):
+    train_lm(other, tmp_path / "w", progress=False)
+
+
+def test_config_json_is_written(synthetic_data_dir, tmp_path):
+  cfg = tiny_lm_config("--config.train.n_steps=2", "--config.train.warmup_steps=0")
+  train_lm(cfg, tmp_path / "w", progress=False)
+  saved = json.loads((tmp_path / "w" / "config.json").read_text())
+  assert saved["model"]["d_model"] == 16 and saved["train"]["n_steps"] == 2
+  assert load_corpus("tinyshakespeare").source.startswith(str(synthetic_data_dir))
