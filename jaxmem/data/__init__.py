@@ -2,7 +2,12 @@
 
 from jaxmem.data.batches import RandomWindows, eval_windows, ngram_bpb
 from jaxmem.data.corpora import (
-    CORPORA, Corpus, CorpusNotFoundError, load_corpus, load_tiny_shakespeare, load_wikitext2,
+    CORPORA,
+    Corpus,
+    CorpusNotFoundError,
+    load_corpus,
+    load_tiny_shakespeare,
+    load_wikitext2,
     split_tiny_shakespeare,
 )
 

@@ -67,9 +67,9 @@ def _plot_curves(ctx: RunContext, rows: list, unigram: float, bigram: float) -> 
   val = [(r["step"], r["val_bpb"]) for r in rows if "val_bpb" in r]
   fig, ax = plt.subplots(figsize=(6, 3.6))
   if train:
-    ax.plot(*zip(*train), label="train (batch)", lw=1)
+    ax.plot(*zip(*train, strict=True), label="train (batch)", lw=1)
   if val:
-    ax.plot(*zip(*val), "o-", label="validation")
+    ax.plot(*zip(*val, strict=True), "o-", label="validation")
   ax.axhline(unigram, ls=":", c="gray", label=f"unigram {unigram:.2f}")
   ax.axhline(bigram, ls="--", c="gray", label=f"bigram {bigram:.2f}")
   ax.set_xlabel("step")

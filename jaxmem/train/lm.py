@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxmem import config as config_lib
 from jaxmem.data import RandomWindows, eval_windows, load_corpus

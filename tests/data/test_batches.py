@@ -2,7 +2,8 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxmem.data import RandomWindows, eval_windows, ngram_bpb
 
@@ -23,7 +24,7 @@ def test_iterator_state_restores_the_exact_stream():
   later = [next(a) for _ in range(3)]
   b = RandomWindows(tokens, 32, 4, seed=7)
   b.set_state(state)
-  for x, y in zip(later, [next(b) for _ in range(3)]):
+  for x, y in zip(later, [next(b) for _ in range(3)], strict=True):
     np.testing.assert_array_equal(x["inputs"], y["inputs"])
   assert not np.array_equal(first[0]["inputs"], first[1]["inputs"])
   with pytest.raises(ValueError, match="seed"):

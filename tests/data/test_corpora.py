@@ -8,10 +8,14 @@ import types
 import numpy as np
 import pytest
 
-from jaxmem.data import corpora
 from jaxmem.data import (
-    CorpusNotFoundError, load_corpus, load_tiny_shakespeare, load_wikitext2, ngram_bpb,
-    split_tiny_shakespeare,
+  CorpusNotFoundError,
+  corpora,
+  load_corpus,
+  load_tiny_shakespeare,
+  load_wikitext2,
+  ngram_bpb,
+  split_tiny_shakespeare,
 )
 
 

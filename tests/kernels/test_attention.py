@@ -62,7 +62,7 @@ def test_values_and_gradients_match_jax_nn(causal, T, S):
   np.testing.assert_allclose(ours(q, k, v), ref(q, k, v), rtol=1e-5)
   g_ours = jax.grad(ours, argnums=(0, 1, 2))(q, k, v)
   g_ref = jax.grad(ref, argnums=(0, 1, 2))(q, k, v)
-  for name, a, b in zip("qkv", g_ours, g_ref):
+  for name, a, b in zip("qkv", g_ours, g_ref, strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"d/d{name}")
 
 

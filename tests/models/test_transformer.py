@@ -60,7 +60,7 @@ def test_remat_gives_identical_values_and_gradients():
   np.testing.assert_allclose(loss(plain), loss(remat), rtol=1e-6)
   g1 = nnx.grad(loss)(plain)
   g2 = nnx.grad(loss)(remat)
-  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 

@@ -35,7 +35,7 @@ def test_resume_equals_an_uninterrupted_run(synthetic_data_dir, tmp_path):
   assert first.step == 4 and first.resumed_from is None
   second = train_lm(cfg, tmp_path / "b", progress=False)
   assert second.resumed_from == 4 and second.step == 8
-  for a, b in zip(params_of(straight.model), params_of(second.model)):
+  for a, b in zip(params_of(straight.model), params_of(second.model), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
   # one history, no duplicated steps, identical per-step losses
   rows_a = [r for r in read_metrics(tmp_path / "a" / "metrics.jsonl") if "loss" in r]

@@ -1,7 +1,5 @@
 """Process-level guarantees: a SIGKILLed run resumes; 8 devices match 1 device."""
 
-import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -53,7 +51,7 @@ def test_sigkilled_run_resumes_and_completes(synthetic_data_dir, tmp_path):
   assert step == 24
 
   straight = train_lm(tiny_lm_config(*extra), tmp_path / "straight", progress=False)
-  for a, b in zip(_params(straight.model), _params(resumed)):
+  for a, b in zip(_params(straight.model), _params(resumed), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
