@@ -1,0 +1,193 @@
+"""The Differentiable Neural Computer's memory access (Graves et al. 2016, Nature, Methods).
+
+Pure functions on one example; vmap over a batch. Shapes: memory ``[N, W]`` (N slots of
+width W), ``R`` read heads. Step order (one call of :func:`dnc_step`)::
+
+    usage -> write weights -> erase-then-add write -> link, precedence -> read weights -> reads
+
+Equations (Nature 2016, Methods, "Memory addressing"), pinned here because public
+implementations disagree on them:
+
+* content:  ``C(M, k, β)[n] = softmax_n(β · cos(k, M[n]))``; norms are
+  ``sqrt(Σx² + ε)`` so that zero memory has finite values *and* gradients.
+* retention ``ψ = Π_i (1 − f_i w^r_{i,t−1})``; usage
+  ``u_t = (u_{t−1} + w^w_{t−1} − u_{t−1} ∘ w^w_{t−1}) ∘ ψ`` (no stop-gradient).
+* allocation: ``φ`` = slots by ascending usage (stable sort),
+  ``a[φ_j] = (1 − u[φ_j]) Π_{i<j} u[φ_i]`` (exclusive cumulative product).
+* write weights ``w^w = g^w (g^a a + (1 − g^a) C(M_{t−1}, k^w, β^w))``.
+* write ``M_t = M_{t−1} ∘ (1 − w^w eᵀ) + w^w vᵀ``.
+* link ``L_t[i, j] = (1 − w^w[i] − w^w[j]) L_{t−1}[i, j] + w^w[i] p_{t−1}[j]``, diagonal 0;
+  precedence ``p_t = (1 − Σ w^w) p_{t−1} + w^w``.
+* forward ``f_i = L_t w^r_{i,t−1}`` (the slot written *after* the one read), backward
+  ``b_i = L_tᵀ w^r_{i,t−1}``; read weights ``w^r_i = π_i[0] b_i + π_i[1] C(M_t, k^r_i, β^r_i)
+  + π_i[2] f_i`` — read modes in the order **backward, content, forward**.
+* read vectors ``r_i = M_tᵀ w^r_i``.
+
+Interface values must already be in range (strengths ≥ 1, gates and erase in [0, 1],
+modes on the simplex): :func:`parse_interface` maps a raw controller vector there with the
+paper's oneplus / sigmoid / softmax, and :func:`check_interface` validates a hand-built one.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmem._checks import check_positive_int
+
+EPS = 1e-6
+
+
+class DNCState(NamedTuple):
+  memory: jax.Array         # [N, W]
+  usage: jax.Array          # [N]
+  link: jax.Array           # [N, N]
+  precedence: jax.Array     # [N]
+  read_weights: jax.Array   # [R, N]
+  write_weights: jax.Array  # [N]
+
+
+class DNCInterface(NamedTuple):
+  read_keys: jax.Array        # [R, W]
+  read_strengths: jax.Array   # [R], >= 1
+  write_key: jax.Array        # [W]
+  write_strength: jax.Array   # [], >= 1
+  erase_vector: jax.Array     # [W], in [0, 1]
+  write_vector: jax.Array     # [W]
+  free_gates: jax.Array       # [R], in [0, 1]
+  allocation_gate: jax.Array  # [], in [0, 1]
+  write_gate: jax.Array       # [], in [0, 1]
+  read_modes: jax.Array       # [R, 3], simplex: (backward, content, forward)
+
+
+def dnc_init(memory_size: int, word_size: int, num_reads: int, dtype=jnp.float32) -> DNCState:
+  """All-zero memory, usage, link, precedence and weights."""
+  N = check_positive_int("memory_size", memory_size)
+  W = check_positive_int("word_size", word_size)
+  R = check_positive_int("num_reads", num_reads)
+  z = lambda *s: jnp.zeros(s, dtype)
+  return DNCState(z(N, W), z(N), z(N, N), z(N), z(R, N), z(N))
+
+
+def interface_size(word_size: int, num_reads: int) -> int:
+  """Length of the flat controller vector: ``R·W + 3W + 5R + 3``."""
+  return num_reads * word_size + 3 * word_size + 5 * num_reads + 3
+
+
+def oneplus(x):
+  return 1.0 + jax.nn.softplus(x)
+
+
+def parse_interface(xi: jax.Array, word_size: int, num_reads: int) -> DNCInterface:
+  """Splits a flat ``[interface_size]`` vector and applies oneplus / sigmoid / softmax."""
+  W, R = check_positive_int("word_size", word_size), check_positive_int("num_reads", num_reads)
+  size = interface_size(W, R)
+  if jnp.ndim(xi) != 1 or xi.shape[0] != size:
+    raise ValueError(
+        f"`xi` must have shape [{size}] (R·W + 3W + 5R + 3 for W={W}, R={R}), got {jnp.shape(xi)}."
+    )
+  sizes = [R * W, R, W, 1, W, W, R, 1, 1, 3 * R]
+  parts = jnp.split(xi, np.cumsum(sizes)[:-1])
+  rk, rs, wk, ws, e, v, f, ga, gw, pi = parts
+  return DNCInterface(
+      read_keys=rk.reshape(R, W), read_strengths=oneplus(rs), write_key=wk,
+      write_strength=oneplus(ws[0]), erase_vector=jax.nn.sigmoid(e), write_vector=v,
+      free_gates=jax.nn.sigmoid(f), allocation_gate=jax.nn.sigmoid(ga[0]),
+      write_gate=jax.nn.sigmoid(gw[0]), read_modes=jax.nn.softmax(pi.reshape(R, 3), axis=-1),
+  )
+
+
+def check_interface(interface: DNCInterface, state: DNCState, *, check_values: bool = True) -> None:
+  """ValueError on wrong shapes; with concrete (non-traced) arrays, also on out-of-range values."""
+  N, W = state.memory.shape
+  R = state.read_weights.shape[0]
+  want = DNCInterface((R, W), (R,), (W,), (), (W,), (W,), (R,), (), (), (R, 3))
+  for name, shape, x in zip(DNCInterface._fields, want, interface, strict=True):
+    if tuple(jnp.shape(x)) != shape:
+      raise ValueError(f"interface.{name} must have shape {list(shape)} (N={N}, W={W}, R={R}), "
+                       f"got {list(jnp.shape(x))}.")
+  if not check_values or any(isinstance(x, jax.core.Tracer) for x in interface):
+    return
+  def bad(name, cond, what):
+    if not bool(np.all(np.asarray(cond))):
+      raise ValueError(f"interface.{name} must be {what}; map raw controller outputs with "
+                       f"parse_interface().")
+  bad("read_strengths", interface.read_strengths >= 1, ">= 1")
+  bad("write_strength", interface.write_strength >= 1, ">= 1")
+  for name in ("erase_vector", "free_gates", "allocation_gate", "write_gate"):
+    x = getattr(interface, name)
+    bad(name, (x >= 0) & (x <= 1), "in [0, 1]")
+  m = interface.read_modes
+  on_simplex = (m >= 0) & (jnp.abs(m.sum(-1) - 1) < 1e-4)[..., None]
+  bad("read_modes", on_simplex, "on the simplex (rows >= 0 summing to 1)")
+  for name, x in zip(DNCInterface._fields, interface, strict=True):
+    bad(name, jnp.isfinite(x), "finite")
+
+
+def content_weights(memory_NW, keys_KW, strengths_K):
+  """``softmax_n(β_k cos(key_k, M[n]))`` for K keys at once -> ``[K, N]``."""
+  dot = keys_KW @ memory_NW.T
+  m_norm = jnp.sqrt(jnp.sum(memory_NW * memory_NW, axis=-1) + EPS)
+  k_norm = jnp.sqrt(jnp.sum(keys_KW * keys_KW, axis=-1) + EPS)
+  cos = dot / (k_norm[:, None] * m_norm[None, :])
+  return jax.nn.softmax(strengths_K[:, None] * cos, axis=-1)
+
+
+def update_usage(usage_N, write_weights_N, free_gates_R, read_weights_RN):
+  """``u_t = (u + w^w − u∘w^w) ∘ Π_i (1 − f_i w^r_i)``, all from step t−1."""
+  retention = jnp.prod(1.0 - free_gates_R[:, None] * read_weights_RN, axis=0)
+  return (usage_N + write_weights_N - usage_N * write_weights_N) * retention
+
+
+def allocation_weights(usage_N):
+  """``a[φ_j] = (1 − u[φ_j]) Π_{i<j} u[φ_i]``, φ the stable ascending sort of usage."""
+  phi = jnp.argsort(usage_N, stable=True)
+  u_sorted = usage_N[phi]
+  exclusive = jnp.concatenate([jnp.ones((1,), usage_N.dtype), jnp.cumprod(u_sorted)[:-1]])
+  return jnp.zeros_like(usage_N).at[phi].set((1.0 - u_sorted) * exclusive)
+
+
+def update_link(link_NN, precedence_N, write_weights_N):
+  """Temporal link and precedence; ``L[i, j]``: slot i was written right after slot j."""
+  w = write_weights_N
+  link = (1.0 - w[:, None] - w[None, :]) * link_NN + w[:, None] * precedence_N[None, :]
+  link = link * (1.0 - jnp.eye(link.shape[0], dtype=link.dtype))
+  precedence = (1.0 - jnp.sum(w)) * precedence_N + w
+  return link, precedence
+
+
+def dnc_step(state: DNCState, interface: DNCInterface) -> tuple[DNCState, jax.Array]:
+  """One DNC memory step for one example: ``(state, interface) -> (state, reads [R, W])``."""
+  check_interface(interface, state, check_values=False)
+  it = interface
+  usage = update_usage(state.usage, state.write_weights, it.free_gates, state.read_weights)
+  write_content = content_weights(state.memory, it.write_key[None], it.write_strength[None])[0]
+  alloc = allocation_weights(usage)
+  ww = it.write_gate * (it.allocation_gate * alloc + (1.0 - it.allocation_gate) * write_content)
+  memory = state.memory * (1.0 - jnp.outer(ww, it.erase_vector)) + jnp.outer(ww, it.write_vector)
+  link, precedence = update_link(state.link, state.precedence, ww)
+  forward = state.read_weights @ link.T     # f_i = L w_i
+  backward = state.read_weights @ link      # b_i = Lᵀ w_i
+  content = content_weights(memory, it.read_keys, it.read_strengths)
+  m = it.read_modes
+  rw = m[:, 0:1] * backward + m[:, 1:2] * content + m[:, 2:3] * forward
+  reads = rw @ memory
+  return DNCState(memory, usage, link, precedence, rw, ww), reads
+
+
+def dnc_scan(state: DNCState, interfaces: DNCInterface, *, remat: bool = True):
+  """``dnc_step`` over a leading time axis of ``interfaces`` with ``lax.scan``.
+
+  With ``remat=True`` each step is wrapped in ``jax.checkpoint``: the reverse pass keeps
+  only the carried state per step (the ``[N, N]`` link among it) and recomputes the
+  step's intermediates (content weights, sorted usage, outer products) instead of storing
+  them.
+
+  Returns ``(final state, reads [T, R, W])``.
+  """
+  check_interface(jax.tree.map(lambda x: x[0], interfaces), state, check_values=False)
+  step = jax.checkpoint(dnc_step) if remat else dnc_step
+  return jax.lax.scan(step, state, interfaces)

@@ -1,0 +1,229 @@
+"""DNC memory access re-derived from the Nature 2016 equations (independent numpy loops)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from jaxmem.kernels import dnc
+
+N, W, R = 7, 5, 3  # awkward sizes on purpose
+
+
+def np_step(state, it):
+  """The DNC step written directly from the paper with numpy loops, float64."""
+  M, u, L, p, wr, ww_prev = (np.asarray(x, np.float64) for x in state)
+  it = [np.asarray(x, np.float64) for x in it]
+  rk, rs, wk, ws, e, v, f, ga, gw, pi = it
+  n = M.shape[0]
+
+  def content(Mx, k, beta):
+    sims = np.array([k @ Mx[i] / (np.sqrt(k @ k + 1e-6) * np.sqrt(Mx[i] @ Mx[i] + 1e-6)) for i in range(n)])
+    z = np.exp(beta * sims - (beta * sims).max())
+    return z / z.sum()
+
+  psi = np.ones(n)
+  for i in range(len(f)):
+    psi *= 1 - f[i] * wr[i]
+  u = (u + ww_prev - u * ww_prev) * psi
+  order = sorted(range(n), key=lambda i: (u[i], i))  # stable ascending
+  a = np.zeros(n)
+  prod = 1.0
+  for j in order:
+    a[j] = (1 - u[j]) * prod
+    prod *= u[j]
+  ww = gw * (ga * a + (1 - ga) * content(M, wk, ws))
+  M = M * (1 - np.outer(ww, e)) + np.outer(ww, v)
+  L_new = np.zeros_like(L)
+  for i in range(n):
+    for j in range(n):
+      if i != j:
+        L_new[i, j] = (1 - ww[i] - ww[j]) * L[i, j] + ww[i] * p[j]
+  p = (1 - ww.sum()) * p + ww
+  new_wr = np.zeros_like(wr)
+  for i in range(len(rs)):
+    fwd, bwd = L_new @ wr[i], L_new.T @ wr[i]
+    new_wr[i] = pi[i, 0] * bwd + pi[i, 1] * content(M, rk[i], rs[i]) + pi[i, 2] * fwd
+  reads = new_wr @ M
+  return (M, u, L_new, p, new_wr, ww), reads
+
+
+def random_interface(key, n_words=W, n_reads=R, scale=1.0):
+  xi = scale * jax.random.normal(key, (dnc.interface_size(n_words, n_reads),))
+  return dnc.parse_interface(xi, n_words, n_reads)
+
+
+def test_steps_match_numpy_reference():
+  state = dnc.dnc_init(N, W, R)
+  np_state = tuple(np.asarray(x) for x in state)
+  step = jax.jit(dnc.dnc_step)
+  for t in range(6):
+    it = random_interface(jax.random.key(t))
+    state, reads = step(state, it)
+    np_state, np_reads = np_step(np_state, it)
+    np.testing.assert_allclose(reads, np_reads, rtol=1e-4, atol=1e-5)
+    for name, a, b in zip(dnc.DNCState._fields, state, np_state, strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"step {t}: {name}")
+
+
+def test_link_diagonal_is_zero():
+  state = dnc.dnc_init(N, W, R)
+  for t in range(5):
+    state, _ = dnc.dnc_step(state, random_interface(jax.random.key(10 + t)))
+  assert np.all(np.diag(np.asarray(state.link)) == 0)
+  assert np.abs(np.asarray(state.link)).sum() > 0
+
+
+def _write_only(slot_n, n=N):
+  """Interface writing a one-hot location via allocation (gates 1, free gates 0)."""
+  return dnc.DNCInterface(
+      read_keys=jnp.zeros((R, W)), read_strengths=jnp.ones((R,)), write_key=jnp.zeros((W,)),
+      write_strength=jnp.ones(()), erase_vector=jnp.ones((W,)), write_vector=jnp.ones((W,)) * slot_n,
+      free_gates=jnp.zeros((R,)), allocation_gate=jnp.ones(()), write_gate=jnp.ones(()),
+      read_modes=jnp.tile(jnp.array([0.0, 1.0, 0.0]), (R, 1)),
+  )
+
+
+def test_writes_zero_then_one_link_column_zero_is_one_hot_one():
+  link = jnp.zeros((N, N))
+  prec = jnp.zeros((N,))
+  for slot in (0, 1):
+    link, prec = dnc.update_link(link, prec, jax.nn.one_hot(slot, N))
+  np.testing.assert_array_equal(link[:, 0], jax.nn.one_hot(1, N))
+  np.testing.assert_array_equal(prec, jax.nn.one_hot(1, N))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_argmin_usage_is_argmax_allocation(seed):
+  usage = jax.random.uniform(jax.random.key(seed), (11,))
+  a = dnc.allocation_weights(usage)
+  assert int(jnp.argmin(usage)) == int(jnp.argmax(a))
+  assert 0 <= float(a.sum()) <= 1 + 1e-6
+
+
+def test_allocation_ties_break_stably():
+  a = dnc.allocation_weights(jnp.zeros(4))
+  np.testing.assert_array_equal(a, jax.nn.one_hot(0, 4))
+
+
+def test_erase_one_at_a_one_hot_location_clears_that_row():
+  state = dnc.dnc_init(N, W, R)._replace(memory=jax.random.normal(jax.random.key(0), (N, W)))
+  # full usage except slot 3 -> allocation is one-hot at 3
+  state = state._replace(usage=jnp.ones(N).at[3].set(0.0))
+  it = _write_only(0)._replace(write_vector=jnp.zeros((W,)))
+  new, _ = dnc.dnc_step(state, it)
+  np.testing.assert_allclose(new.write_weights, jax.nn.one_hot(3, N), atol=1e-6)
+  np.testing.assert_allclose(new.memory[3], 0.0, atol=1e-6)
+  np.testing.assert_allclose(np.delete(np.asarray(new.memory), 3, 0),
+                             np.delete(np.asarray(state.memory), 3, 0), atol=1e-6)
+
+
+def test_reduces_to_write_once_memory_with_shift_link():
+  """Free gates 0, allocation & write gates 1: slot t gets write t; link = sub-diagonal shift."""
+  T = N
+  state = dnc.dnc_init(N, W, R)
+  values = jax.random.normal(jax.random.key(1), (T, W))
+  for t in range(T):
+    state, _ = dnc.dnc_step(state, _write_only(0)._replace(write_vector=values[t]))
+  np.testing.assert_allclose(state.memory, values, atol=1e-6)
+  np.testing.assert_allclose(state.link, np.eye(N, k=-1), atol=1e-6)
+
+
+def test_forward_mode_reads_the_successor():
+  state = dnc.dnc_init(N, W, R)
+  values = jax.random.normal(jax.random.key(2), (3, W))
+  for t in range(3):
+    state, _ = dnc.dnc_step(state, _write_only(0)._replace(write_vector=values[t]))
+  # attend slot 0, then read forward with no write: should get slot 1
+  state = state._replace(read_weights=jnp.tile(jax.nn.one_hot(0, N), (R, 1)))
+  it = _write_only(0)._replace(write_gate=jnp.zeros(()),
+                               read_modes=jnp.tile(jnp.array([0.0, 0.0, 1.0]), (R, 1)))
+  _, reads = dnc.dnc_step(state, it)
+  np.testing.assert_allclose(reads[0], values[1], atol=1e-5)
+
+
+def _loss_over_steps(xis, n_steps=3, n_words=3, n_reads=2, n_slots=4):
+  state = dnc.dnc_init(n_slots, n_words, n_reads, dtype=xis.dtype)
+  total = 0.0
+  for t in range(n_steps):
+    state, reads = dnc.dnc_step(state, dnc.parse_interface(xis[t], n_words, n_reads))
+    total = total + jnp.sum(reads * jnp.arange(1, reads.size + 1).reshape(reads.shape))
+  return total
+
+
+def test_gradients_match_finite_differences():
+  with jax.enable_x64(True):
+    xis = 0.5 * jax.random.normal(jax.random.key(3), (3, dnc.interface_size(3, 2)), jnp.float64)
+    check_grads(_loss_over_steps, (xis,), order=1, modes=("rev",), eps=1e-5, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+def test_no_nan_over_1000_steps_values_and_gradients(scale):
+  n_words, n_reads, n_slots, T = 4, 2, 6, 1000
+  xis = scale * jax.random.normal(jax.random.key(4), (T, dnc.interface_size(n_words, n_reads)))
+
+  def loss(xis):
+    its = jax.vmap(lambda x: dnc.parse_interface(x, n_words, n_reads))(xis)
+    state, reads = dnc.dnc_scan(dnc.dnc_init(n_slots, n_words, n_reads), its)
+    return jnp.sum(reads ** 2) + jnp.sum(state.memory)
+
+  value, grad = jax.jit(jax.value_and_grad(loss))(xis)
+  assert np.isfinite(float(value))
+  assert np.isfinite(np.asarray(grad)).all()
+
+
+def test_extreme_strengths_and_zero_memory_have_finite_gradients():
+  state = dnc.dnc_init(N, W, R)
+  def loss(strength):
+    it = random_interface(jax.random.key(5))._replace(
+        read_strengths=jnp.full((R,), strength), write_strength=strength)
+    s, reads = dnc.dnc_step(state, it)
+    s, reads = dnc.dnc_step(s, it)
+    return jnp.sum(reads)
+  for strength in (1.0, 1e3, 1e6):
+    g = jax.grad(loss)(jnp.float32(strength))
+    assert np.isfinite(float(g)), strength
+
+
+def test_scan_equals_python_loop_of_steps():
+  its = [random_interface(jax.random.key(20 + t)) for t in range(4)]
+  stacked = jax.tree.map(lambda *x: jnp.stack(x), *its)
+  state_a, reads_a = dnc.dnc_scan(dnc.dnc_init(N, W, R), stacked)
+  state_b = dnc.dnc_init(N, W, R)
+  for t, it in enumerate(its):
+    state_b, r = dnc.dnc_step(state_b, it)
+    np.testing.assert_allclose(reads_a[t], r, rtol=1e-5, atol=1e-6)
+  for a, b in zip(state_a, state_b, strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_parse_interface_ranges_and_bad_length():
+  it = random_interface(jax.random.key(6), scale=10.0)
+  dnc.check_interface(it, dnc.dnc_init(N, W, R))  # in range: no error
+  assert float(it.read_strengths.min()) >= 1 and float(it.write_strength) >= 1
+  np.testing.assert_allclose(it.read_modes.sum(-1), 1.0, rtol=1e-6)
+  with pytest.raises(ValueError, match=r"`xi` must have shape \[\d+\]"):
+    dnc.parse_interface(jnp.zeros(10), W, R)
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [("read_keys", jnp.zeros((R, W + 1)), r"interface.read_keys must have shape \[3, 5\]"),
+     ("read_strengths", jnp.full((R,), 0.5), r"read_strengths must be >= 1"),
+     ("free_gates", jnp.full((R,), 1.5), r"free_gates must be in \[0, 1\]"),
+     ("read_modes", jnp.ones((R, 3)), r"read_modes must be on the simplex"),
+     ("write_vector", jnp.full((W,), jnp.nan), r"write_vector must be finite")],
+)
+def test_bad_interfaces_raise(field, value, match):
+  it = random_interface(jax.random.key(7))._replace(**{field: value})
+  with pytest.raises(ValueError, match=match):
+    dnc.check_interface(it, dnc.dnc_init(N, W, R))
+
+
+def test_step_rejects_wrong_shapes_even_under_jit():
+  it = random_interface(jax.random.key(8))._replace(write_key=jnp.zeros((W + 2,)))
+  with pytest.raises(ValueError, match="write_key"):
+    jax.jit(dnc.dnc_step)(dnc.dnc_init(N, W, R), it)
+  with pytest.raises(ValueError, match="`memory_size`"):
+    dnc.dnc_init(0, W, R)
