@@ -57,6 +57,18 @@ def attention_head(
   return out_TE.astype(v_SE.dtype)
 
 
+def check_qkv(q, k, v, *, heads: str = "numbers of heads") -> tuple[int, int, int, int, int]:
+  """Validates ``q [B, T, H, D]``, ``k [B, S, H, D]``, ``v [B, S, H, E]``; returns (B, T, H, D, S)."""
+  B, T, H, D = check_rank("q", q, 4, "B, T, H, D")
+  Bk, S, Hk, Dk = check_rank("k", k, 4, "B, S, H, D")
+  Bv, Sv, Hv, _ = check_rank("v", v, 4, "B, S, H, E")
+  check_equal("batch sizes", q=B, k=Bk, v=Bv)
+  check_equal(heads, q=H, k=Hk, v=Hv)
+  check_equal("key widths", q=D, k=Dk)
+  check_equal("key/value lengths", k=S, v=Sv)
+  return B, T, H, D, S
+
+
 def softmax_attention(
     q: jax.Array,
     k: jax.Array,
@@ -82,13 +94,7 @@ def softmax_attention(
     ValueError: on wrong ranks, mismatched batch/heads/feature/length sizes, a causal
       call with ``S != T``, or a non-finite ``scale``.
   """
-  B, T, H, D = check_rank("q", q, 4, "B, T, H, D")
-  Bk, S, Hk, Dk = check_rank("k", k, 4, "B, S, H, D")
-  Bv, Sv, Hv, _ = check_rank("v", v, 4, "B, S, H, E")
-  check_equal("batch sizes", q=B, k=Bk, v=Bv)
-  check_equal("numbers of heads", q=H, k=Hk, v=Hv)
-  check_equal("key widths", q=D, k=Dk)
-  check_equal("key/value lengths", k=S, v=Sv)
+  _, T, _, D, S = check_qkv(q, k, v)
   if causal and S != T:
     raise ValueError(
         f"causal attention needs equal query and key lengths, got q length {T} and "

@@ -26,8 +26,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from jaxmem._checks import check_equal, check_finite_number, check_rank
-from jaxmem.kernels.attention import MASK_VALUE
+from jaxmem._checks import check_finite_number
+from jaxmem.kernels.attention import MASK_VALUE, check_qkv
 
 
 def _content_read(K_SD, V_SE, written_S, q_D, scale):
@@ -58,14 +58,8 @@ def sdnc_head(q_TD, k_TD, v_TE, *, scale):
   return reads.astype(v_TE.dtype), weights
 
 
-def _check_qkv(q, k, v, same_length: bool):
-  B, T, H, D = check_rank("q", q, 4, "B, T, H, D")
-  Bk, S, Hk, Dk = check_rank("k", k, 4, "B, S, H, D")
-  Bv, Sv, Hv, _ = check_rank("v", v, 4, "B, S, H, E")
-  check_equal("batch sizes", q=B, k=Bk, v=Bv)
-  check_equal("numbers of heads (read heads)", q=H, k=Hk, v=Hv)
-  check_equal("key widths", q=D, k=Dk)
-  check_equal("key/value lengths", k=S, v=Sv)
+def _check_qkv(q, k, v, same_length: bool) -> int:
+  _, T, _, D, S = check_qkv(q, k, v, heads="numbers of heads (read heads)")
   if same_length and S != T:
     raise ValueError(f"the self-attention sDNC writes one slot per query: q length {T} != k length {S}.")
   return D
