@@ -69,7 +69,7 @@ def test_reproduce_list_and_unknown_name(capsys):
 
 
 def test_bench_prints_ratios(capsys, monkeypatch):
-  import jaxmem.bench as bench
+  import jaxmem.bench.attention as bench
   monkeypatch.setattr(bench, "_torch_sdpa_timer", lambda *a: None)
   assert main(["bench", "attention", "--quick", "--repeats", "1"]) == 0
   out = capsys.readouterr().out

@@ -1,8 +1,4 @@
-"""``jaxmem bench``: throughput as ratios against a baseline measured in the same run.
-
-Absolute times on a shared 2-core machine mean little; a ratio of two kernels timed
-back to back, each the median of several runs after compilation, is what we report.
-"""
+"""``jaxmem bench attention``: our causal softmax attention vs jax.nn (and torch SDPA)."""
 
 from __future__ import annotations
 
@@ -14,19 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmem.bench.timing import time_call
 from jaxmem.experiments.report import markdown_table
-
-
-def time_call(fn: Callable, *args, repeats: int = 5, warmup: int = 1) -> float:
-  """Median wall seconds of ``fn(*args)`` (results blocked on), after ``warmup`` calls."""
-  for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
 
 
 def _torch_sdpa_timer(B, T, H, D, repeats) -> Optional[Callable]:
@@ -73,14 +58,3 @@ def bench_attention(quick: bool = False, repeats: int = 5) -> str:
   return (f"### attention: causal softmax, B={B}, H={H}, D={D}, float32, "
           f"{jax.devices()[0].platform}\n\n" + markdown_table(head, rows) +
           "\n\nRatios > 1 mean ours is faster.\n")
-
-
-BENCHES = {"attention": bench_attention}
-
-
-def run_benches(names, quick: bool = False, repeats: int = 5) -> str:
-  names = list(names) or list(BENCHES)
-  unknown = [n for n in names if n not in BENCHES]
-  if unknown:
-    raise ValueError(f"unknown benchmark(s) {unknown}; known: {sorted(BENCHES)}.")
-  return "\n".join(BENCHES[n](quick=quick, repeats=repeats) for n in names)

@@ -1,0 +1,1 @@
+"""Synthetic tasks: pure, jit-able generators keyed by a PRNG key."""
