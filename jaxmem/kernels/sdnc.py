@@ -101,3 +101,136 @@ def sdnc_cross_attention(q, k_mem, v_mem, *, scale: Optional[float] = None):
     return reads.astype(V_SE.dtype)
 
   return jax.vmap(jax.vmap(head, in_axes=1, out_axes=1))(q, k_mem, v_mem)
+
+
+# --------------------------------------------------------------------------------------
+# Hybrids: attention plus the DNC operations it lacks (Tang & Xie 2026, "what next").
+# --------------------------------------------------------------------------------------
+#
+# One memory, three optional operations, all given per step and per head as logits:
+#
+# * selective write (``write_gate`` z_s): slot s is written with strength g_s = σ(z_s);
+#   its unnormalised read weight is multiplied by g_s.
+# * erase (``erase_gate`` z_t): before slot t is written, every written slot is retained
+#   with f_t = σ(z_t) (the DNC erase applied to all slots; Forgetting-Transformer-style
+#   decay), so slot s carries g_s Π_{s<τ≤t} f_τ at step t.
+# * temporal-link reads (``read_modes`` [.., 3], softmax, order backward, content,
+#   forward as in the DNC): the read weights are mixed with their images under the link
+#   matrix of the write-once memory, which is the sub-diagonal shift (tested in
+#   tests/kernels/test_dnc.py): forward reads the slot written after the attended one,
+#   backward the slot written before it.
+#
+# Read weights: w_t[s] ∝ g_s Π_{s<τ≤t} f_τ exp(scale k_s·q_t) over written slots s <= t;
+# read r_t = π_b Σ_s (Lᵀw_t)[s] V[s] + π_c Σ_s w_t[s] V[s] + π_f Σ_s (L w_t)[s] V[s].
+# With every operation off (None) this is exactly softmax attention.
+
+
+def _log_sigmoid(z):
+  return jax.nn.log_sigmoid(z.astype(jnp.promote_types(z.dtype, jnp.float32)))
+
+
+def hybrid_head(q_TD, k_TD, v_TE, write_TL, erase_TL, modes_T3, *, scale):
+  """Parallel (masked quadratic) form of the hybrid read for one head.
+
+  ``write_TL``/``erase_TL`` are gate logits ``[T]`` or None; ``modes_T3`` read-mode logits
+  ``[T, 3]`` or None.
+  """
+  T = q_TD.shape[0]
+  acc = jnp.promote_types(jnp.result_type(q_TD, k_TD, v_TE), jnp.float32)
+  logits = jnp.einsum("td,sd->ts", q_TD, k_TD, preferred_element_type=acc) * jnp.asarray(scale, acc)
+  if write_TL is not None:
+    logits = logits + _log_sigmoid(write_TL)[None, :]
+  if erase_TL is not None:
+    cum = jnp.cumsum(_log_sigmoid(erase_TL))  # F_t = Σ_{τ<=t} log f_τ
+    # apply the causal mask before using the difference (it is only <= 0 for s <= t)
+    logits = logits + jnp.where(jnp.tril(jnp.ones((T, T), bool)), cum[:, None] - cum[None, :], 0.0)
+  causal = jnp.tril(jnp.ones((T, T), bool))
+  w = jax.nn.softmax(jnp.where(causal, logits, MASK_VALUE), axis=-1)
+  v = v_TE.astype(acc)
+  out = w @ v
+  if modes_T3 is not None:
+    pi = jax.nn.softmax(modes_T3.astype(acc), axis=-1)
+    zero = jnp.zeros_like(v[:1])
+    v_next = jnp.concatenate([v[1:], zero])    # V[s+1]; never read at s = t (masked below)
+    v_prev = jnp.concatenate([zero, v[:-1]])   # V[s-1]; slot 0 has no predecessor
+    strict = jnp.tril(jnp.ones((T, T), bool), -1)
+    forward = jnp.where(strict, w, 0.0) @ v_next
+    backward = w @ v_prev
+    out = pi[:, 0:1] * backward + pi[:, 1:2] * out + pi[:, 2:3] * forward
+  return out.astype(v_TE.dtype)
+
+
+def hybrid_memory_head(q_TD, k_TD, v_TE, write_TL, erase_TL, modes_T3, *, scale):
+  """The same read computed literally as a memory under ``lax.scan``: slot presences,
+  erase-then-write, and the DNC temporal link matrix (``kernels.dnc.update_link``) for
+  link reads. The executable specification that :func:`hybrid_head` is tested against.
+  """
+  from jaxmem.kernels.dnc import update_link
+
+  T, D = k_TD.shape
+  E = v_TE.shape[-1]
+  acc = jnp.promote_types(jnp.result_type(q_TD, k_TD, v_TE), jnp.float32)
+  zeros_T = jnp.zeros((T,), acc)
+  write = zeros_T if write_TL is None else _log_sigmoid(write_TL)
+  erase = zeros_T if erase_TL is None else _log_sigmoid(erase_TL)
+  modes = jnp.tile(jnp.array([-1e4, 1e4, -1e4], acc), (T, 1)) if modes_T3 is None else modes_T3
+  memory = (jnp.zeros((T, D), acc), jnp.zeros((T, E), acc), jnp.full((T,), -jnp.inf, acc),
+            jnp.zeros((T, T), acc), jnp.zeros((T,), acc))
+
+  def step(mem, inp):
+    K, V, log_presence, link, precedence = mem
+    t, q_t, k_t, v_t, lw, le, m = inp
+    log_presence = log_presence + le                    # erase: retain every slot by f_t
+    K, V = K.at[t].set(k_t.astype(acc)), V.at[t].set(v_t.astype(acc))
+    log_presence = log_presence.at[t].set(lw)           # write slot t with strength g_t
+    link, precedence = update_link(link, precedence, jax.nn.one_hot(t, T, dtype=acc))
+    logits = K @ q_t.astype(acc) * scale + log_presence
+    written = jnp.arange(T) <= t
+    w = jax.nn.softmax(jnp.where(written, logits, MASK_VALUE))
+    pi = jax.nn.softmax(m.astype(acc))
+    rw = pi[0] * (link.T @ w) + pi[1] * w + pi[2] * (link @ w)
+    return (K, V, log_presence, link, precedence), rw @ V
+
+  _, reads = jax.lax.scan(step, memory, (jnp.arange(T), q_TD, k_TD, v_TE, write, erase, modes))
+  return reads.astype(v_TE.dtype)
+
+
+def _hybrid_apply(head_fn, q, k, v, write_gate, erase_gate, read_modes, scale):
+  B, T, H, D, _ = check_qkv(q, k, v, heads="numbers of heads (read heads)")
+  if k.shape[1] != T:
+    raise ValueError(f"the hybrid memory writes one slot per query: q length {T} != k length {k.shape[1]}.")
+  for name, x, extra in (("write_gate", write_gate, ()), ("erase_gate", erase_gate, ()),
+                         ("read_modes", read_modes, (3,))):
+    if x is not None and tuple(x.shape) != (B, T, H) + extra:
+      raise ValueError(f"`{name}` must have shape {[B, T, H, *extra]}, got {list(x.shape)}.")
+  scale = D ** -0.5 if scale is None else check_finite_number("scale", scale)
+  args = [q, k, v]
+  axes = [1, 1, 1]
+  for x in (write_gate, erase_gate, read_modes):
+    args.append(x)
+    axes.append(None if x is None else 1)
+  head = lambda *a: head_fn(*a, scale=scale)
+  return jax.vmap(jax.vmap(head, in_axes=tuple(axes), out_axes=1),
+                  in_axes=tuple(None if a is None else 0 for a in args))(*args)
+
+
+def sdnc_hybrid_attention(q, k, v, *, write_gate=None, erase_gate=None, read_modes=None,
+                          scale: Optional[float] = None):
+  """Causal attention with DNC operations: selective write, erase, temporal-link reads.
+
+  Args:
+    q, k: ``[B, T, H, D]``; v: ``[B, T, H, E]``.
+    write_gate: write-gate logits ``[B, T, H]`` (slot t written with σ(z)), or None.
+    erase_gate: retention logits ``[B, T, H]`` (f_t = σ(z) applied to all written slots
+      before slot t is written), or None.
+    read_modes: read-mode logits ``[B, T, H, 3]`` (backward, content, forward), or None.
+
+  With all three None this is exactly ``softmax_attention(q, k, v, causal=True)``.
+  """
+  return _hybrid_apply(hybrid_head, q, k, v, write_gate, erase_gate, read_modes, scale)
+
+
+def sdnc_hybrid_memory(q, k, v, *, write_gate=None, erase_gate=None, read_modes=None,
+                       scale: Optional[float] = None):
+  """:func:`sdnc_hybrid_attention` computed as a literal memory scan (slow; the reference)."""
+  return _hybrid_apply(hybrid_memory_head, q, k, v, write_gate, erase_gate, read_modes, scale)

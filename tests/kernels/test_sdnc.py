@@ -57,3 +57,81 @@ def test_bad_input_raises():
     sdnc_attention(x, jnp.zeros((1, 5, 3, 4)), jnp.zeros((1, 5, 3, 4)))
   with pytest.raises(ValueError, match="`q` must have rank 4"):
     sdnc_cross_attention(x[0], x, x)
+
+
+# ---- hybrids: parallel form == literal memory scan (presence, erase, DNC link matrix) ----
+
+from jaxmem.kernels.sdnc import sdnc_hybrid_attention, sdnc_hybrid_memory  # noqa: E402
+
+HB = dict(B=2, T=9, H=3, D=5, E=4)
+
+
+def _hybrid_inputs(seed=0):
+  B, T, H, D, E = HB.values()
+  return (rand(seed, (B, T, H, D)), rand(seed + 1, (B, T, H, D)), rand(seed + 2, (B, T, H, E)),
+          {"write_gate": rand(seed + 3, (B, T, H)), "erase_gate": rand(seed + 4, (B, T, H)) + 1.0,
+           "read_modes": rand(seed + 5, (B, T, H, 3))})
+
+
+@pytest.mark.parametrize("ops", [(), ("write_gate",), ("erase_gate",), ("read_modes",),
+                                 ("write_gate", "erase_gate", "read_modes")])
+def test_hybrid_parallel_equals_memory_scan_values_and_gradients(ops):
+  q, k, v, gates = _hybrid_inputs()
+  kw = {name: gates[name] for name in ops}
+  cot = rand(9, v.shape[:3] + (v.shape[-1],))
+  np.testing.assert_allclose(sdnc_hybrid_attention(q, k, v, **kw), sdnc_hybrid_memory(q, k, v, **kw),
+                             rtol=1e-5, atol=1e-6)
+  def loss(fn):
+    return lambda q, k, v, kw: jnp.sum(fn(q, k, v, **kw) * cot)
+  g_par = jax.grad(loss(sdnc_hybrid_attention), argnums=(0, 1, 2, 3))(q, k, v, kw)
+  g_mem = jax.grad(loss(sdnc_hybrid_memory), argnums=(0, 1, 2, 3))(q, k, v, kw)
+  for a, b in zip(jax.tree.leaves(g_par), jax.tree.leaves(g_mem), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_hybrid_with_everything_off_is_softmax_attention_exactly():
+  q, k, v, _ = _hybrid_inputs(1)
+  np.testing.assert_array_equal(sdnc_hybrid_attention(q, k, v), softmax_attention(q, k, v))
+
+
+def test_hybrid_at_neutral_gate_values_is_softmax_attention():
+  q, k, v, gates = _hybrid_inputs(2)
+  neutral = {"write_gate": jnp.full_like(gates["write_gate"], 1e4),
+             "erase_gate": jnp.full_like(gates["erase_gate"], 1e4),
+             "read_modes": jnp.broadcast_to(jnp.array([-1e4, 1e4, -1e4]), gates["read_modes"].shape)}
+  np.testing.assert_allclose(sdnc_hybrid_attention(q, k, v, **neutral), softmax_attention(q, k, v),
+                             rtol=1e-6, atol=1e-7)
+
+
+def test_forward_mode_reads_the_successor_of_the_attended_slot():
+  T, D = 6, 8
+  keys = jnp.eye(T, D)[None, :, None, :] * 20.0  # orthogonal, sharp addressing
+  v = rand(3, (1, T, 1, 4))
+  q = jnp.broadcast_to(keys[:, 2:3], keys.shape)  # every step attends slot 2 (once written)
+  fwd = jnp.broadcast_to(jnp.array([-1e4, -1e4, 1e4]), (1, T, 1, 3))
+  out = sdnc_hybrid_attention(q, keys, v, read_modes=fwd, scale=1.0)
+  np.testing.assert_allclose(out[0, 4:, 0], jnp.broadcast_to(v[0, 3, 0], (2, 4)), atol=1e-4)
+  back = jnp.broadcast_to(jnp.array([1e4, -1e4, -1e4]), (1, T, 1, 3))
+  out = sdnc_hybrid_attention(q, keys, v, read_modes=back, scale=1.0)
+  np.testing.assert_allclose(out[0, 4:, 0], jnp.broadcast_to(v[0, 1, 0], (2, 4)), atol=1e-4)
+
+
+def test_erase_forgets_old_slots_and_write_gate_hides_slots():
+  T = 5
+  q = jnp.zeros((1, T, 1, 3))  # uniform content weights over written slots
+  k = jnp.zeros((1, T, 1, 3))
+  v = jnp.arange(T, dtype=jnp.float32).reshape(1, T, 1, 1)
+  erase_all = jnp.full((1, T, 1), -1e4)  # f_t = 0: only the newest slot survives
+  out = sdnc_hybrid_attention(q, k, v, erase_gate=erase_all)
+  np.testing.assert_allclose(out[0, :, 0, 0], jnp.arange(T), atol=1e-5)
+  hide_odd = jnp.where(jnp.arange(T) % 2 == 1, -1e4, 1e4).reshape(1, T, 1)
+  out = sdnc_hybrid_attention(q, k, v, write_gate=hide_odd)
+  np.testing.assert_allclose(out[0, 4, 0, 0], (0 + 2 + 4) / 3, atol=1e-5)
+
+
+def test_hybrid_bad_gate_shapes_raise():
+  q, k, v, gates = _hybrid_inputs()
+  with pytest.raises(ValueError, match=r"`erase_gate` must have shape \[2, 9, 3\]"):
+    sdnc_hybrid_attention(q, k, v, erase_gate=gates["erase_gate"][:, :5])
+  with pytest.raises(ValueError, match=r"`read_modes` must have shape \[2, 9, 3, 3\]"):
+    sdnc_hybrid_attention(q, k, v, read_modes=gates["read_modes"][..., :2])
