@@ -20,6 +20,7 @@ from flax import nnx
 
 from jaxmem._checks import check_rank
 from jaxmem.kernels.attention import softmax_attention
+from jaxmem.kernels.sdnc import sdnc_attention, sdnc_hybrid_attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,19 @@ class TransformerConfig:
     remat: recompute each block in the backward pass (``jax.checkpoint``).
     dtype: compute dtype of activations ("float32" or "bfloat16"); parameters stay
       float32 and the loss is computed in float32.
+    memory: the kernel that runs each attention read: "softmax" (fast, parallel) or
+      "sdnc" (the same read as a write-once DNC memory under ``lax.scan``; identical
+      outputs, slow — the theorem made executable).
+    write_gate: hybrid (a), selective write: a learned per-head gate on each written slot.
+    erase: hybrid (b), differentiable erase: a learned per-head retention applied to all
+      written slots at each step.
+    link_reads: hybrid (c), temporal-link reads: learned per-head read modes mixing
+      content reads with reads of the successor / predecessor of the attended slot.
+    input_dim: 0 for token inputs (``vocab_size`` embedding); > 0 for continuous inputs
+      ``[B, T, input_dim]`` through a linear map (algorithmic tasks).
+    output_dim: 0 for ``vocab_size`` logits; > 0 for a linear read-out of that width.
+    positions: "learned" (absolute, up to ``max_len``), "sinusoidal" (fixed) or "none"
+      (causal attention infers order; the choice for length generalisation).
   """
 
   vocab_size: int = 256
@@ -48,6 +62,13 @@ class TransformerConfig:
   tie_embeddings: bool = True
   remat: bool = False
   dtype: str = "float32"
+  memory: str = "softmax"
+  write_gate: bool = False
+  erase: bool = False
+  link_reads: bool = False
+  input_dim: int = 0
+  output_dim: int = 0
+  positions: str = "learned"
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
@@ -60,6 +81,21 @@ class TransformerConfig:
       )
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"TransformerConfig.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}.")
+    if self.memory not in ("softmax", "sdnc"):
+      raise ValueError(f"TransformerConfig.memory must be 'softmax' or 'sdnc', got {self.memory!r}.")
+    if self.positions not in ("learned", "sinusoidal", "none"):
+      raise ValueError(
+          f"TransformerConfig.positions must be 'learned', 'sinusoidal' or 'none', got {self.positions!r}.")
+    for name in ("input_dim", "output_dim"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"TransformerConfig.{name} must be a non-negative integer, got {value!r}.")
+    if self.hybrid and self.memory == "sdnc":
+      raise ValueError("TransformerConfig: the hybrids run on the parallel kernel; use memory='softmax'.")
+
+  @property
+  def hybrid(self) -> bool:
+    return self.write_gate or self.erase or self.link_reads
 
   @property
   def head_dim(self) -> int:
@@ -67,7 +103,14 @@ class TransformerConfig:
 
 
 class MultiHeadAttention(nnx.Module):
-  """Causal multi-head self-attention: projections here, arithmetic in the kernel."""
+  """Causal multi-head self-attention: projections here, arithmetic in the kernels.
+
+  Read as memory (Tang & Xie 2026): each head is a read head of a write-once memory,
+  ``out`` (W_O) mixes the read vectors. With a hybrid flag set, small per-head gate
+  projections feed :func:`jaxmem.kernels.sdnc.sdnc_hybrid_attention`; they start near
+  the neutral values (write ≈ 1, retain ≈ 1, content reads), so a hybrid starts close to
+  plain attention.
+  """
 
   def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -77,11 +120,31 @@ class MultiHeadAttention(nnx.Module):
         cfg.d_model, cfg.d_model, use_bias=False, dtype=dt, rngs=rngs,
         kernel_init=nnx.initializers.normal(0.02 / (2 * cfg.n_layers) ** 0.5),
     )
+    H = cfg.n_heads
+    def gate(width, bias):
+      return nnx.Linear(cfg.d_model, width, dtype=dt, rngs=rngs, kernel_init=nnx.initializers.zeros,
+                        bias_init=lambda *_: jnp.asarray(bias, jnp.float32))
+    self.write_gate = nnx.data(gate(H, jnp.full((H,), 3.0)) if cfg.write_gate else None)
+    self.erase_gate = nnx.data(gate(H, jnp.full((H,), 5.0)) if cfg.erase else None)
+    self.read_modes = nnx.data(
+        gate(3 * H, jnp.tile(jnp.array([-3.0, 3.0, -3.0]), H)) if cfg.link_reads else None)
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     B, T, _ = x_BTD.shape
-    qkv = self.qkv(x_BTD).reshape(B, T, 3, self.cfg.n_heads, self.cfg.head_dim)
-    o_BTHK = softmax_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=True)
+    H = self.cfg.n_heads
+    qkv = self.qkv(x_BTD).reshape(B, T, 3, H, self.cfg.head_dim)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    if self.cfg.hybrid:
+      o_BTHK = sdnc_hybrid_attention(
+          q, k, v,
+          write_gate=None if self.write_gate is None else self.write_gate(x_BTD),
+          erase_gate=None if self.erase_gate is None else self.erase_gate(x_BTD),
+          read_modes=None if self.read_modes is None else self.read_modes(x_BTD).reshape(B, T, H, 3),
+      )
+    elif self.cfg.memory == "sdnc":
+      o_BTHK = sdnc_attention(q, k, v)
+    else:
+      o_BTHK = softmax_attention(q, k, v, causal=True)
     return self.out(o_BTHK.reshape(B, T, self.cfg.d_model))
 
 
@@ -119,11 +182,16 @@ class TransformerLM(nnx.Module):
   def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     dt = jnp.dtype(cfg.dtype)
-    self.embed = nnx.Embed(
-        cfg.vocab_size, cfg.d_model, dtype=dt, rngs=rngs,
-        embedding_init=nnx.initializers.normal(0.02),
-    )
-    self.pos = nnx.Param(nnx.initializers.normal(0.01)(rngs.params(), (cfg.max_len, cfg.d_model)))
+    if cfg.input_dim:
+      self.embed = nnx.Linear(cfg.input_dim, cfg.d_model, dtype=dt, rngs=rngs)
+    else:
+      self.embed = nnx.Embed(
+          cfg.vocab_size, cfg.d_model, dtype=dt, rngs=rngs,
+          embedding_init=nnx.initializers.normal(0.02),
+      )
+    self.pos = nnx.data(
+        nnx.Param(nnx.initializers.normal(0.01)(rngs.params(), (cfg.max_len, cfg.d_model)))
+        if cfg.positions == "learned" else None)
 
     @nnx.split_rngs(splits=cfg.n_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -132,18 +200,29 @@ class TransformerLM(nnx.Module):
 
     self.blocks = make_blocks(rngs)
     self.ln_f = nnx.LayerNorm(cfg.d_model, dtype=dt, rngs=rngs)
+    out_dim = cfg.output_dim or cfg.vocab_size
+    tied = cfg.tie_embeddings and not cfg.input_dim and not cfg.output_dim
     self.head: Optional[nnx.Linear] = nnx.data(
-        None if cfg.tie_embeddings
-        else nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dt, rngs=rngs)
+        None if tied else nnx.Linear(cfg.d_model, out_dim, use_bias=False, dtype=dt, rngs=rngs)
     )
 
   def embed_tokens(self, tokens_BT: jax.Array) -> jax.Array:
-    """Token plus position embeddings, ``[B, T] -> [B, T, d_model]``."""
-    check_rank("tokens", tokens_BT, 2, "B, T")
+    """Input plus position embeddings: tokens ``[B, T]`` (or ``[B, T, input_dim]``) ->
+    ``[B, T, d_model]``."""
+    if self.cfg.input_dim:
+      check_rank("inputs", tokens_BT, 3, "B, T, input_dim")
+      if tokens_BT.shape[-1] != self.cfg.input_dim:
+        raise ValueError(f"`inputs` has {tokens_BT.shape[-1]} channels, input_dim={self.cfg.input_dim}.")
+    else:
+      check_rank("tokens", tokens_BT, 2, "B, T")
     T = tokens_BT.shape[1]
-    if T > self.cfg.max_len:
+    if self.cfg.positions == "learned" and T > self.cfg.max_len:
       raise ValueError(f"`tokens` has length {T} > max_len={self.cfg.max_len}.")
-    x = self.embed(tokens_BT) + self.pos[...][None, :T].astype(self.embed.dtype)
+    x = self.embed(tokens_BT)
+    if self.cfg.positions == "learned":
+      x = x + self.pos[...][None, :T].astype(x.dtype)
+    elif self.cfg.positions == "sinusoidal":
+      x = x + sinusoidal_positions(T, self.cfg.d_model)[None].astype(x.dtype)
     return x
 
   def logits_from_embeddings(self, x_BTD: jax.Array) -> jax.Array:
@@ -163,6 +242,14 @@ class TransformerLM(nnx.Module):
 
   def __call__(self, tokens_BT: jax.Array) -> jax.Array:
     return self.logits_from_embeddings(self.embed_tokens(tokens_BT))
+
+
+def sinusoidal_positions(length: int, dim: int) -> jax.Array:
+  """Fixed sinusoidal positions (Vaswani et al. 2017, §3.5): ``[length, dim]``."""
+  pos = jnp.arange(length, dtype=jnp.float32)[:, None]
+  i = jnp.arange((dim + 1) // 2, dtype=jnp.float32)[None, :]
+  angles = pos / jnp.power(10000.0, 2.0 * i / dim)
+  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)[:, :dim]
 
 
 def count_params(model: nnx.Module) -> int:

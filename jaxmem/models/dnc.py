@@ -1,0 +1,111 @@
+"""The Differentiable Neural Computer (Graves et al. 2016) as a Flax NNX module.
+
+A controller (LSTM or feed-forward) reads ``[x_t; r_{t−1}]``, emits the interface vector
+``ξ_t`` (parsed by :func:`jaxmem.kernels.dnc.parse_interface`) and its output ``h_t``; the
+memory step is :func:`jaxmem.kernels.dnc.dnc_step`, vmapped over the batch; the output is
+``y_t = W_y [h_t; r_t]`` (Nature 2016, Methods). The time loop is one ``lax.scan`` whose
+body is wrapped in ``jax.checkpoint`` (``remat=True``) so the reverse pass stores the
+carried state per step and not the step's intermediates.
+
+As in DeepMind's reference, the controller output and the interface are clipped to
+``[-clip_value, clip_value]`` (0 disables) for stability early in training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxmem._checks import check_rank
+from jaxmem.kernels import dnc as dnc_kernels
+
+
+@dataclasses.dataclass(frozen=True)
+class DNCConfig:
+  """Attributes: sizes of the controller and the memory (N slots × W, R read heads)."""
+
+  input_dim: int = 8
+  output_dim: int = 8
+  memory_size: int = 64
+  word_size: int = 32
+  num_reads: int = 4
+  hidden_size: int = 128
+  controller: str = "lstm"
+  clip_value: float = 20.0
+  remat: bool = True
+
+  def __post_init__(self):
+    for name in ("input_dim", "output_dim", "memory_size", "word_size", "num_reads", "hidden_size"):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"DNCConfig.{name} must be a positive integer, got {v!r}.")
+    if self.controller not in ("lstm", "feedforward"):
+      raise ValueError(f"DNCConfig.controller must be 'lstm' or 'feedforward', got {self.controller!r}.")
+    if not (isinstance(self.clip_value, (int, float)) and self.clip_value >= 0):
+      raise ValueError(f"DNCConfig.clip_value must be >= 0, got {self.clip_value!r}.")
+
+
+class DNC(nnx.Module):
+  """``x [B, T, input_dim] -> y [B, T, output_dim]`` (and the final memory state)."""
+
+  def __init__(self, cfg: DNCConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    R, W, Hd = cfg.num_reads, cfg.word_size, cfg.hidden_size
+    ctrl_in = cfg.input_dim + R * W
+    if cfg.controller == "lstm":
+      # gates (i, f, g, o) from [input; h]; forget-gate bias 1 (Jozefowicz et al. 2015)
+      bias = jnp.zeros((4 * Hd,)).at[Hd:2 * Hd].set(1.0)
+      self.cell = nnx.Linear(ctrl_in + Hd, 4 * Hd, rngs=rngs, bias_init=lambda *_: bias)
+    else:
+      self.cell = nnx.Linear(ctrl_in, Hd, rngs=rngs)
+    self.interface = nnx.Linear(Hd, dnc_kernels.interface_size(W, R), rngs=rngs)
+    self.readout = nnx.Linear(Hd + R * W, cfg.output_dim, rngs=rngs)
+
+  def initial_state(self, batch_size: int):
+    cfg = self.cfg
+    mem = jax.vmap(lambda _: dnc_kernels.dnc_init(cfg.memory_size, cfg.word_size, cfg.num_reads))(
+        jnp.arange(batch_size))
+    h = jnp.zeros((batch_size, cfg.hidden_size))
+    reads = jnp.zeros((batch_size, cfg.num_reads * cfg.word_size))
+    return (h, h, mem, reads)
+
+  def _clip(self, x):
+    c = self.cfg.clip_value
+    return jnp.clip(x, -c, c) if c else x
+
+  def __call__(self, x_BTC: jax.Array, *, return_state: bool = False):
+    check_rank("x", x_BTC, 3, "B, T, input_dim")
+    if x_BTC.shape[-1] != self.cfg.input_dim:
+      raise ValueError(f"`x` has {x_BTC.shape[-1]} channels, DNCConfig.input_dim={self.cfg.input_dim}.")
+    cfg = self.cfg
+    B = x_BTC.shape[0]
+    # Pure step over plain arrays: read the parameters once, outside the scan.
+    graphdef, params = nnx.split(self)
+
+    def step(carry, x_t):
+      h, c, mem, reads = carry
+      model = nnx.merge(graphdef, params, copy=True)
+      inp = jnp.concatenate([x_t, reads], axis=-1)
+      if cfg.controller == "lstm":
+        i, f, g, o = jnp.split(model.cell(jnp.concatenate([inp, h], axis=-1)), 4, axis=-1)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        out = h
+      else:
+        out = h = jax.nn.relu(model.cell(inp))
+      out = self._clip(out)
+      xi = self._clip(model.interface(out))
+      it = jax.vmap(lambda z: dnc_kernels.parse_interface(z, cfg.word_size, cfg.num_reads))(xi)
+      mem, r = jax.vmap(dnc_kernels.dnc_step)(mem, it)
+      reads = r.reshape(B, -1)
+      y = model.readout(jnp.concatenate([out, reads], axis=-1))
+      return (h, c, mem, reads), y
+
+    if cfg.remat:
+      step = jax.checkpoint(step)
+    final, ys = jax.lax.scan(step, self.initial_state(B), jnp.swapaxes(x_BTC, 0, 1))
+    ys = jnp.swapaxes(ys, 0, 1)
+    return (ys, final[2]) if return_state else ys

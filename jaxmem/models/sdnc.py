@@ -1,0 +1,154 @@
+"""Transformers read as stateless DNCs (Tang & Xie 2026), in Flax NNX.
+
+* :class:`SDNCTransformer` — the decoder-only Transformer whose every attention layer is
+  run as a read of a write-once memory (``TransformerConfig.memory = "sdnc"``). Heads are
+  read heads, ``W_O`` mixes the read vectors. It computes the same function as
+  :class:`~jaxmem.models.transformer.TransformerLM` with the same weights (tested); it
+  exists to make the equivalence executable, not for speed.
+* The paper's hybrids are flags on the one Transformer (``write_gate``, ``erase``,
+  ``link_reads`` in :class:`~jaxmem.models.transformer.TransformerConfig`), each reducing
+  exactly to the plain model when off.
+* :class:`SDNCEncoderDecoder` — cross-attention as an sDNC with two memories: the
+  decoder's own write-as-you-go memory and a fixed memory written once by the encoder,
+  read by different heads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxmem.kernels.attention import softmax_attention
+from jaxmem.kernels.sdnc import sdnc_cross_attention
+from jaxmem.models.transformer import Block, FeedForward, TransformerConfig, TransformerLM
+
+
+class SDNCTransformer(TransformerLM):
+  """``TransformerLM`` with ``memory="sdnc"``: attention run as write-once memory reads."""
+
+  def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    if cfg.hybrid:
+      raise ValueError("SDNCTransformer runs plain sDNC reads; set the hybrid flags on TransformerLM.")
+    super().__init__(dataclasses.replace(cfg, memory="sdnc"), rngs=rngs)
+
+
+class CrossMemoryRead(nnx.Module):
+  """Multi-head reads of a fixed (encoder-written) memory: queries from ``x``, slots from ``mem``."""
+
+  def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.q = nnx.Linear(cfg.d_model, cfg.d_model, use_bias=False, rngs=rngs)
+    self.kv = nnx.Linear(cfg.d_model, 2 * cfg.d_model, use_bias=False, rngs=rngs)
+    self.out = nnx.Linear(cfg.d_model, cfg.d_model, use_bias=False, rngs=rngs)
+
+  def __call__(self, x_BTD, mem_BSD):
+    B, T, _ = x_BTD.shape
+    S = mem_BSD.shape[1]
+    H, K = self.cfg.n_heads, self.cfg.head_dim
+    q = self.q(x_BTD).reshape(B, T, H, K)
+    kv = self.kv(mem_BSD).reshape(B, S, 2, H, K)
+    read = sdnc_cross_attention if self.cfg.memory == "sdnc" else (
+        lambda q, k, v: softmax_attention(q, k, v, causal=False))
+    return self.out(read(q, kv[:, :, 0], kv[:, :, 1]).reshape(B, T, self.cfg.d_model))
+
+
+class EncoderBlock(nnx.Module):
+  """Bidirectional block: the encoder memory is written in full before it is read."""
+
+  def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    self.ln1 = nnx.LayerNorm(cfg.d_model, rngs=rngs)
+    self.attn = CrossMemoryRead(cfg, rngs=rngs)
+    self.ln2 = nnx.LayerNorm(cfg.d_model, rngs=rngs)
+    self.ffn = FeedForward(cfg, rngs=rngs)
+
+  def __call__(self, x):
+    h = self.ln1(x)
+    x = x + self.attn(h, h)
+    return x + self.ffn(self.ln2(x))
+
+
+class DecoderBlock(nnx.Module):
+  """Causal self memory (written as you go), then a read of the encoder's fixed memory."""
+
+  def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    self.self_block = Block(cfg, rngs=rngs)  # pre-LN self-attention + FFN
+    self.ln_x = nnx.LayerNorm(cfg.d_model, rngs=rngs)
+    self.cross = CrossMemoryRead(cfg, rngs=rngs)
+
+  def __call__(self, x, mem):
+    x = self.self_block(x)
+    return x + self.cross(self.ln_x(x), mem)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderDecoderConfig:
+  decoder: TransformerConfig = TransformerConfig()
+  n_enc_layers: int = 2
+  src_vocab_size: int = 256
+
+  def __post_init__(self):
+    for name in ("n_enc_layers", "src_vocab_size"):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"EncoderDecoderConfig.{name} must be a positive integer, got {v!r}.")
+
+
+class SDNCEncoderDecoder(nnx.Module):
+  """``(src [B, S], tgt [B, T]) -> logits [B, T, vocab]`` with two memories per decoder layer."""
+
+  def __init__(self, cfg: EncoderDecoderConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d = cfg.decoder
+    self.src_embed = nnx.Embed(cfg.src_vocab_size, d.d_model, rngs=rngs)
+    self.tgt_embed = nnx.Embed(d.vocab_size, d.d_model, rngs=rngs)
+    self.src_pos = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (d.max_len, d.d_model)))
+    self.tgt_pos = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (d.max_len, d.d_model)))
+
+    @nnx.split_rngs(splits=cfg.n_enc_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make_enc(rngs):
+      return EncoderBlock(d, rngs=rngs)
+
+    @nnx.split_rngs(splits=d.n_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make_dec(rngs):
+      return DecoderBlock(d, rngs=rngs)
+
+    self.encoder, self.decoder = make_enc(rngs), make_dec(rngs)
+    self.ln_enc = nnx.LayerNorm(d.d_model, rngs=rngs)
+    self.ln_f = nnx.LayerNorm(d.d_model, rngs=rngs)
+
+  def encode(self, src_BS):
+    S = src_BS.shape[1]
+    x = self.src_embed(src_BS) + self.src_pos[...][None, :S]
+
+    @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
+    def run(block, h):
+      return block(h)
+    return self.ln_enc(run(self.encoder, x))
+
+  def __call__(self, src_BS, tgt_BT):
+    mem = self.encode(src_BS)
+    T = tgt_BT.shape[1]
+    x = self.tgt_embed(tgt_BT) + self.tgt_pos[...][None, :T]
+
+    @nnx.scan(in_axes=(0, nnx.Carry, None), out_axes=nnx.Carry)
+    def run(block, h, m):
+      return block(h, m)
+    h = self.ln_f(run(self.decoder, x, mem))
+    return self.tgt_embed.attend(h).astype(jnp.float32)
+
+
+def copy_params(src: nnx.Module, dst: nnx.Module) -> None:
+  """Copies every parameter ``dst`` shares (same path) with ``src``; the rest are kept."""
+  src_flat = dict(nnx.to_flat_state(nnx.state(src, nnx.Param)))
+  dst_state = nnx.state(dst, nnx.Param)
+  flat = []
+  for path, var in nnx.to_flat_state(dst_state):
+    flat.append((path, src_flat[path] if path in src_flat else var))
+  nnx.update(dst, nnx.from_flat_state(flat))
+
+
+__all__ = ["EncoderDecoderConfig", "SDNCEncoderDecoder", "SDNCTransformer", "copy_params"]
