@@ -1,1 +1,35 @@
-"""Synthetic tasks: pure, jit-able generators keyed by a PRNG key."""
+"""Synthetic tasks: pure, jit-able generators keyed by a PRNG key.
+
+* :mod:`~jaxmem.tasks.algorithmic` — NTM copy, DeepMind repeat copy, associative recall,
+  priority sort (``TaskBatch`` of ``[B, T, C]`` arrays with a ``[B, T]`` mask), and the
+  masked sigmoid cross-entropy / bit error rate used with them.
+* :mod:`~jaxmem.tasks.babi` — procedural bAbI-style stories (tasks 1, 2, 7), a loader for
+  a local copy of the real bAbI files, and word-id encoding.
+"""
+
+from jaxmem.tasks import algorithmic, babi
+from jaxmem.tasks.algorithmic import (
+    TaskBatch,
+    associative_recall,
+    bit_error_rate,
+    copy_task,
+    masked_sigmoid_cross_entropy,
+    priority_sort,
+    repeat_copy,
+)
+from jaxmem.tasks.babi import (
+    BabiExample,
+    EncodedBabi,
+    Vocabulary,
+    encode_examples,
+    generate_babi,
+    load_babi,
+    parse_babi,
+    tokenize,
+)
+
+__all__ = [
+    "BabiExample", "EncodedBabi", "TaskBatch", "Vocabulary", "algorithmic", "associative_recall", "babi",
+    "bit_error_rate", "copy_task", "encode_examples", "generate_babi", "load_babi",
+    "masked_sigmoid_cross_entropy", "parse_babi", "priority_sort", "repeat_copy", "tokenize",
+]
