@@ -91,3 +91,27 @@ def test_reproduce_writes_tables_and_figures(synthetic_data_dir, tmp_path, monke
   assert "| bigram (add-0.1) |" in report
   assert (out / "lm_baseline" / "learning_curve.png").stat().st_size > 1000
   assert "![learning_curve](lm_baseline/learning_curve.png)" in report
+
+
+def test_bench_dnc_quick_prints_ratio_and_memory(capsys, monkeypatch):
+  import jaxmem.bench.dnc as bench_dnc
+  monkeypatch.setattr(bench_dnc, "_torch_step_timer", lambda *a: None)
+  assert main(["bench", "dnc", "--quick", "--repeats", "1"]) == 0
+  out = capsys.readouterr().out
+  assert "jaxmem DNC (jit, remat)" in out and "XLA temp buffers, jax.checkpoint on the step" in out
+
+
+def test_reproduce_dnc_tasks_tiny(tmp_path, monkeypatch):
+  from jaxmem.experiments import dnc_tasks
+  monkeypatch.setattr(dnc_tasks, "run_settings", lambda quick: {
+      "n_steps": 4, "batch_size": 4, "lr": 1e-3, "log_every": 1, "eval_batches": (1, 1)})
+  real_specs = dnc_tasks.task_specs
+  monkeypatch.setattr(dnc_tasks, "task_specs", lambda quick: {
+      k: v for k, v in real_specs(quick).items() if k == "copy"})
+  out = tmp_path / "report"
+  assert main(["reproduce", "--quick", "--only", "dnc_tasks", "--out", str(out), "--no_progress"]) == 0
+  report = (out / "REPORT.md").read_text()
+  assert "| dnc_tasks | ok |" in report and "| copy | dnc |" in report
+  assert "| copy | +all_three |" in report and "| copy | sDNC (same weights) |" in report
+  assert (out / "dnc_tasks" / "learning_curves.png").exists()
+  assert "re-run as SDNCTransformer" in report

@@ -12,6 +12,7 @@ import importlib
 
 BENCHES = {
     "attention": "jaxmem.bench.attention:bench_attention",
+    "dnc": "jaxmem.bench.dnc:bench_dnc",
 }
 
 

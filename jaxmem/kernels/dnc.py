@@ -143,7 +143,29 @@ def update_usage(usage_N, write_weights_N, free_gates_R, read_weights_RN):
 
 
 def allocation_weights(usage_N):
-  """``a[φ_j] = (1 − u[φ_j]) Π_{i<j} u[φ_i]``, φ the stable ascending sort of usage."""
+  """``a[φ_j] = (1 − u[φ_j]) Π_{i<j} u[φ_i]``, φ the stable ascending sort of usage.
+
+  The stable order is computed without a sort: slot i precedes slot j iff ``u_i < u_j``
+  or (``u_i == u_j`` and ``i < j``), so ``rank_j = #{i : i precedes j}`` from an
+  ``[N, N]`` comparison, and ``φ`` is its inverse. Then the exclusive cumulative product
+  runs in sorted order and is gathered back by rank. Same values and gradients as
+  :func:`allocation_weights_sorted` (tested equal); XLA's sort otherwise dominates the
+  DNC step on CPU.
+  """
+  u = usage_N
+  n = u.shape[0]
+  idx = jnp.arange(n)
+  u_ng = jax.lax.stop_gradient(u)  # the order is piecewise constant: no gradient through it
+  before_IJ = (u_ng[:, None] < u_ng[None, :]) | ((u_ng[:, None] == u_ng[None, :]) & (idx[:, None] < idx[None, :]))
+  rank = jnp.sum(before_IJ, axis=0)
+  phi = jnp.zeros((n,), idx.dtype).at[rank].set(idx)
+  u_sorted = u[phi]
+  exclusive = jnp.concatenate([jnp.ones((1,), u.dtype), jnp.cumprod(u_sorted)[:-1]])
+  return ((1.0 - u_sorted) * exclusive)[rank]
+
+
+def allocation_weights_sorted(usage_N):
+  """The literal form: stable argsort, exclusive cumulative product, scatter back."""
   phi = jnp.argsort(usage_N, stable=True)
   u_sorted = usage_N[phi]
   exclusive = jnp.concatenate([jnp.ones((1,), usage_N.dtype), jnp.cumprod(u_sorted)[:-1]])

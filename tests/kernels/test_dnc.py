@@ -227,3 +227,17 @@ def test_step_rejects_wrong_shapes_even_under_jit():
     jax.jit(dnc.dnc_step)(dnc.dnc_init(N, W, R), it)
   with pytest.raises(ValueError, match="`memory_size`"):
     dnc.dnc_init(0, W, R)
+
+
+@pytest.mark.parametrize("usage", [
+    np.random.default_rng(0).uniform(size=9),
+    np.array([0.5, 0.2, 0.5, 0.0, 0.2, 1.0, 0.0]),  # ties and extremes
+    np.zeros(5),
+])
+def test_comparison_allocation_equals_sort_allocation_values_and_gradients(usage):
+  u = jnp.asarray(usage, jnp.float32)
+  np.testing.assert_allclose(dnc.allocation_weights(u), dnc.allocation_weights_sorted(u), atol=1e-7)
+  cot = jnp.arange(1.0, u.shape[0] + 1)
+  g1 = jax.grad(lambda u: jnp.sum(dnc.allocation_weights(u) * cot))(u)
+  g2 = jax.grad(lambda u: jnp.sum(dnc.allocation_weights_sorted(u) * cot))(u)
+  np.testing.assert_allclose(g1, g2, atol=1e-6)
