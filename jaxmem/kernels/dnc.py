@@ -156,7 +156,8 @@ def allocation_weights(usage_N):
   n = u.shape[0]
   idx = jnp.arange(n)
   u_ng = jax.lax.stop_gradient(u)  # the order is piecewise constant: no gradient through it
-  before_IJ = (u_ng[:, None] < u_ng[None, :]) | ((u_ng[:, None] == u_ng[None, :]) & (idx[:, None] < idx[None, :]))
+  ties_IJ = (u_ng[:, None] == u_ng[None, :]) & (idx[:, None] < idx[None, :])
+  before_IJ = (u_ng[:, None] < u_ng[None, :]) | ties_IJ
   rank = jnp.sum(before_IJ, axis=0)
   phi = jnp.zeros((n,), idx.dtype).at[rank].set(idx)
   u_sorted = u[phi]
