@@ -54,7 +54,7 @@ def test_stray_arguments_are_rejected(capsys):
 
 def test_reproduce_without_corpus_reports_skipped_with_fix(isolated_data_env, tmp_path, capsys):
   out = tmp_path / "report"
-  assert main(["reproduce", "--quick", "--out", str(out), "--no_progress"]) == 0
+  assert main(["reproduce", "--quick", "--only", "lm_baseline", "--out", str(out), "--no_progress"]) == 0
   report = (out / "REPORT.md").read_text()
   assert "| lm_baseline | skipped |" in report
   assert "**Fix:** export JAXMEM_DATA_DIR" in report
