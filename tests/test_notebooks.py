@@ -9,6 +9,8 @@ from nbclient import NotebookClient
 from tests.conftest import REPO
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+# what each notebook must print besides NOTEBOOK OK (its claim, checked in the notebook)
+EXPECTED = {"quickstart.ipynb": "validation bpb", "sdnc.ipynb": "memory == writes: True"}
 
 
 @pytest.mark.slow
@@ -20,8 +22,9 @@ def test_notebook_executes(path, synthetic_data_dir, monkeypatch):
   nb = nbformat.read(path, as_version=4)
   NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
   outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-  assert "validation bpb" in outputs
+  assert "NOTEBOOK OK" in outputs
+  assert EXPECTED.get(path.name, "") in outputs
 
 
-def test_there_is_a_quickstart():
-  assert any(p.name == "quickstart.ipynb" for p in NOTEBOOKS)
+def test_there_is_a_quickstart_and_a_notebook_per_paper_so_far():
+  assert {"quickstart.ipynb", "sdnc.ipynb"} <= {p.name for p in NOTEBOOKS}
