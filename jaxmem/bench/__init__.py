@@ -13,6 +13,7 @@ import importlib
 BENCHES = {
     "attention": "jaxmem.bench.attention:bench_attention",
     "dnc": "jaxmem.bench.dnc:bench_dnc",
+    "assoc": "jaxmem.bench.assoc:bench_assoc",
 }
 
 

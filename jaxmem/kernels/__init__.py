@@ -3,14 +3,17 @@
 * :mod:`~jaxmem.kernels.attention` — softmax attention (write-once memory, fast form).
 * :mod:`~jaxmem.kernels.sdnc` — the same memory run literally as a stateless DNC.
 * :mod:`~jaxmem.kernels.dnc` — the full DNC memory access (Graves et al. 2016).
+* :mod:`~jaxmem.kernels.assoc` — associative matrix memories (Hebb, delta, Oja, decay,
+  gated delta) in recurrent, parallel and chunked forms.
 """
 
-from jaxmem.kernels import attention, dnc, sdnc
+from jaxmem.kernels import assoc, attention, dnc, sdnc
+from jaxmem.kernels.assoc import associative_memory
 from jaxmem.kernels.attention import softmax_attention
 from jaxmem.kernels.dnc import DNCInterface, DNCState, dnc_init, dnc_scan, dnc_step, parse_interface
 from jaxmem.kernels.sdnc import sdnc_attention, sdnc_cross_attention
 
 __all__ = [
-    "DNCInterface", "DNCState", "attention", "dnc", "dnc_init", "dnc_scan", "dnc_step",
-    "parse_interface", "sdnc", "sdnc_attention", "sdnc_cross_attention", "softmax_attention",
+    "DNCInterface", "DNCState", "assoc", "associative_memory", "attention", "dnc", "dnc_init",
+    "dnc_scan", "dnc_step", "parse_interface", "sdnc", "sdnc_attention", "sdnc_cross_attention", "softmax_attention",
 ]
