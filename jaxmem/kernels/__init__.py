@@ -15,5 +15,6 @@ from jaxmem.kernels.sdnc import sdnc_attention, sdnc_cross_attention
 
 __all__ = [
     "DNCInterface", "DNCState", "assoc", "associative_memory", "attention", "dnc", "dnc_init",
-    "dnc_scan", "dnc_step", "parse_interface", "sdnc", "sdnc_attention", "sdnc_cross_attention", "softmax_attention",
+    "dnc_scan", "dnc_step", "parse_interface", "sdnc", "sdnc_attention", "sdnc_cross_attention",
+    "softmax_attention",
 ]
