@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxmem._checks import check_rank
+from jaxmem.kernels.assoc import associative_memory
 from jaxmem.kernels.attention import softmax_attention
 from jaxmem.kernels.sdnc import sdnc_attention, sdnc_hybrid_attention
 
@@ -38,9 +39,20 @@ class TransformerConfig:
     remat: recompute each block in the backward pass (``jax.checkpoint``).
     dtype: compute dtype of activations ("float32" or "bfloat16"); parameters stay
       float32 and the loss is computed in float32.
-    memory: the kernel that runs each attention read: "softmax" (fast, parallel) or
+    memory: the kernel that runs each attention read: "softmax" (fast, parallel),
       "sdnc" (the same read as a write-once DNC memory under ``lax.scan``; identical
-      outputs, slow — the theorem made executable).
+      outputs, slow — the theorem made executable) or "assoc" (a conditioning circuit:
+      an associative matrix written by ``assoc_rule`` and read by the query,
+      :func:`jaxmem.kernels.assoc.associative_memory`; "hebb" is linear attention).
+    assoc_rule: "hebb", "delta", "oja", "decay" or "gated_delta" (memory="assoc").
+      Write strengths β_t = σ(W_β x_t) for delta/oja/gated_delta (1 for hebb/decay),
+      decays γ_t = σ(W_γ x_t) for decay/gated_delta.
+    feature_map: key/query feature map for memory="assoc": "identity" or "elu1"
+      (ELU + 1, Katharopoulos et al. 2020).
+    key_norm: L2-normalise the vector the update erases along (keys; values for oja), so
+      that β‖k‖² ≤ 1 and the delta/Oja recurrences cannot diverge. Recommended for them.
+    assoc_mode: execution form for memory="assoc" ("auto", "recurrent", "chunked",
+      "parallel"); chunk_size: its chunk length.
     write_gate: hybrid (a), selective write: a learned per-head gate on each written slot.
     erase: hybrid (b), differentiable erase: a learned per-head retention applied to all
       written slots at each step.
@@ -69,6 +81,11 @@ class TransformerConfig:
   input_dim: int = 0
   output_dim: int = 0
   positions: str = "learned"
+  assoc_rule: str = "hebb"
+  feature_map: str = "identity"
+  key_norm: bool = False
+  assoc_mode: str = "auto"
+  chunk_size: int = 64
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
@@ -81,8 +98,18 @@ class TransformerConfig:
       )
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"TransformerConfig.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}.")
-    if self.memory not in ("softmax", "sdnc"):
-      raise ValueError(f"TransformerConfig.memory must be 'softmax' or 'sdnc', got {self.memory!r}.")
+    if self.memory not in ("softmax", "sdnc", "assoc"):
+      raise ValueError(
+          f"TransformerConfig.memory must be 'softmax', 'sdnc' or 'assoc', got {self.memory!r}.")
+    from jaxmem.kernels.assoc import MODES, RULES
+    if self.assoc_rule not in RULES:
+      raise ValueError(f"TransformerConfig.assoc_rule must be one of {list(RULES)}, got {self.assoc_rule!r}.")
+    if self.assoc_mode not in MODES:
+      raise ValueError(f"TransformerConfig.assoc_mode must be one of {list(MODES)}, got {self.assoc_mode!r}.")
+    if self.feature_map not in ("identity", "elu1"):
+      raise ValueError(f"TransformerConfig.feature_map must be 'identity' or 'elu1', got {self.feature_map!r}.")
+    if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size <= 0:
+      raise ValueError(f"TransformerConfig.chunk_size must be a positive integer, got {self.chunk_size!r}.")
     if self.positions not in ("learned", "sinusoidal", "none"):
       raise ValueError(
           f"TransformerConfig.positions must be 'learned', 'sinusoidal' or 'none', got {self.positions!r}.")
@@ -90,7 +117,7 @@ class TransformerConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"TransformerConfig.{name} must be a non-negative integer, got {value!r}.")
-    if self.hybrid and self.memory == "sdnc":
+    if self.hybrid and self.memory != "softmax":
       raise ValueError("TransformerConfig: the hybrids run on the parallel kernel; use memory='softmax'.")
 
   @property
@@ -128,6 +155,12 @@ class MultiHeadAttention(nnx.Module):
     self.erase_gate = nnx.data(gate(H, jnp.full((H,), 5.0)) if cfg.erase else None)
     self.read_modes = nnx.data(
         gate(3 * H, jnp.tile(jnp.array([-3.0, 3.0, -3.0]), H)) if cfg.link_reads else None)
+    assoc = cfg.memory == "assoc"
+    # conditioning circuit: write strength β = σ(.) starts at σ(0) = 0.5, decay γ = σ(.) at σ(3) ≈ 0.95
+    self.beta = nnx.data(gate(H, jnp.zeros((H,)))
+                         if assoc and cfg.assoc_rule in ("delta", "oja", "gated_delta") else None)
+    self.decay = nnx.data(gate(H, jnp.full((H,), 3.0))
+                          if assoc and cfg.assoc_rule in ("decay", "gated_delta") else None)
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     B, T, _ = x_BTD.shape
@@ -143,9 +176,28 @@ class MultiHeadAttention(nnx.Module):
       )
     elif self.cfg.memory == "sdnc":
       o_BTHK = sdnc_attention(q, k, v)
+    elif self.cfg.memory == "assoc":
+      o_BTHK = self._conditioning_read(x_BTD, q, k, v)
     else:
       o_BTHK = softmax_attention(q, k, v, causal=True)
     return self.out(o_BTHK.reshape(B, T, self.cfg.d_model))
+
+
+  def _conditioning_read(self, x_BTD, q, k, v):
+    """Associative-matrix read ``o_t = S_t φ(q_t)`` with ``S`` written by the configured rule."""
+    cfg = self.cfg
+    if cfg.feature_map == "elu1":
+      q, k = jax.nn.elu(q) + 1.0, jax.nn.elu(k) + 1.0
+    if cfg.key_norm:
+      unit = lambda a: a * jax.lax.rsqrt(jnp.sum(a * a, axis=-1, keepdims=True) + 1e-6)
+      if cfg.assoc_rule == "oja":
+        v = unit(v)
+      else:
+        k = unit(k)
+    beta = None if self.beta is None else jax.nn.sigmoid(self.beta(x_BTD).astype(jnp.float32))
+    decay = None if self.decay is None else jax.nn.sigmoid(self.decay(x_BTD).astype(jnp.float32))
+    return associative_memory(q, k, v, beta, rule=cfg.assoc_rule, mode=cfg.assoc_mode,
+                              chunk_size=cfg.chunk_size, decay=decay)
 
 
 class FeedForward(nnx.Module):

@@ -1,0 +1,85 @@
+"""Conditioning-circuit Transformer: memory="assoc" with a learning rule as a config field."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxmem.models import TransformerConfig, TransformerLM
+from jaxmem.models.transformer import MultiHeadAttention
+
+BASE = TransformerConfig(d_model=24, n_layers=2, n_heads=3, d_ff=40, max_len=16, memory="assoc",
+                         chunk_size=4)
+X = jax.random.normal(jax.random.key(1), (2, 11, 24))
+TOKENS = jax.random.randint(jax.random.key(0), (2, 11), 0, 256)
+
+
+def linear_attention(q, k, v):
+  """o_t = Σ_{s≤t} v_s (k_s · q_t), written directly (Katharopoulos et al. 2020, no normaliser)."""
+  scores = jnp.einsum("bthd,bshd->bhts", q, k) * jnp.tril(jnp.ones((q.shape[1], q.shape[1])))[None, None]
+  return jnp.einsum("bhts,bshe->bthe", scores, v)
+
+
+@pytest.mark.parametrize("feature_map", ["identity", "elu1"])
+def test_hebb_circuit_is_linear_attention_then_w_o(feature_map):
+  layer = MultiHeadAttention(dataclasses.replace(BASE, assoc_rule="hebb", feature_map=feature_map),
+                             rngs=nnx.Rngs(0))
+  qkv = layer.qkv(X).reshape(2, 11, 3, 3, 8)
+  q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+  if feature_map == "elu1":
+    q, k = jax.nn.elu(q) + 1, jax.nn.elu(k) + 1
+  expected = linear_attention(q, k, v).reshape(2, 11, 24) @ layer.out.kernel[...]
+  np.testing.assert_allclose(layer(X), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("rule", ["delta", "oja", "decay", "gated_delta"])
+def test_chunked_and_recurrent_circuits_agree_in_the_model(rule):
+  cfg = dataclasses.replace(BASE, assoc_rule=rule, key_norm=True)
+  a = TransformerLM(dataclasses.replace(cfg, assoc_mode="recurrent"), rngs=nnx.Rngs(0))
+  b = TransformerLM(dataclasses.replace(cfg, assoc_mode="chunked"), rngs=nnx.Rngs(0))
+  np.testing.assert_allclose(a(TOKENS), b(TOKENS), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rule", ["hebb", "delta", "oja", "gated_delta"])
+def test_circuit_model_is_causal_by_gradient(rule):
+  model = TransformerLM(dataclasses.replace(BASE, assoc_rule=rule, key_norm=True), rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(model)
+  x = model.embed_tokens(TOKENS)
+  t = 5
+  g = jax.grad(lambda x: nnx.merge(graphdef, state, copy=True).logits_from_embeddings(x)[:, t].sum())(x)
+  per_pos = np.abs(np.asarray(g)).sum(axis=(0, 2))
+  assert np.all(per_pos[t + 1:] == 0.0) and np.all(per_pos[: t + 1] > 0.0)
+
+
+def test_gates_exist_only_where_the_rule_uses_them():
+  layer = lambda rule: MultiHeadAttention(dataclasses.replace(BASE, assoc_rule=rule), rngs=nnx.Rngs(0))
+  assert layer("hebb").beta is None and layer("hebb").decay is None
+  assert layer("delta").beta is not None and layer("delta").decay is None
+  assert layer("decay").beta is None and layer("decay").decay is not None
+  assert layer("gated_delta").beta is not None and layer("gated_delta").decay is not None
+
+
+@pytest.mark.parametrize("kw,match", [({"assoc_rule": "anti_hebb"}, "assoc_rule"),
+                                      ({"feature_map": "relu"}, "feature_map"),
+                                      ({"chunk_size": 0}, "chunk_size"),
+                                      ({"assoc_mode": "fast"}, "assoc_mode"),
+                                      ({"erase": True}, "hybrids run on the parallel kernel")])
+def test_bad_circuit_config_raises(kw, match):
+  with pytest.raises(ValueError, match=match):
+    dataclasses.replace(BASE, **kw)
+
+
+def test_circuit_lm_trains(synthetic_data_dir, tmp_path):
+  import numpy as np
+
+  from jaxmem.train import train_lm
+  from tests.conftest import tiny_lm_config
+  cfg = tiny_lm_config("--config.model.memory=assoc", "--config.model.assoc_rule=delta",
+                       "--config.model.key_norm=true", "--config.model.chunk_size=8",
+                       "--config.train.n_steps=30", "--config.train.ckpt_every=30")
+  res = train_lm(cfg, tmp_path / "w", progress=False)
+  losses = [r["loss"] for r in res.history if "loss" in r]
+  assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3])
