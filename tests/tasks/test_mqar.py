@@ -1,0 +1,56 @@
+"""MQAR generator checked against its specification with plain Python."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxmem.tasks.multiquery import mqar
+
+
+def test_layout_matches_the_specification():
+  b = mqar(jax.random.key(0), batch_size=16, vocab_size=128, seq_len=40, num_kv_pairs=5,
+           random_non_queries=False)
+  inputs, targets, mask = (np.asarray(x) for x in b)
+  assert inputs.shape == targets.shape == mask.shape == (16, 40)
+  for x, y, m in zip(inputs, targets, mask, strict=True):
+    keys, values = x[0:10:2], x[1:10:2]
+    assert len(set(keys.tolist())) == 5 and len(set(values.tolist())) == 5
+    assert keys.min() >= 1 and keys.max() < 64 and values.min() >= 64 and values.max() < 128
+    pairs = dict(zip(keys.tolist(), values.tolist(), strict=True))
+    q = np.flatnonzero(m)
+    assert len(q) == 5 and all(p >= 10 and (p - 10) % 2 == 0 for p in q)
+    assert sorted(x[q].tolist()) == sorted(keys.tolist())          # each key queried once
+    assert all(y[p] == pairs[x[p]] for p in q)                     # target = the paired value
+    rest = np.setdiff1d(np.arange(10, 40), q)
+    assert np.all(x[rest] == 0)
+
+
+def test_power_law_puts_queries_near_the_context():
+  near = mqar(jax.random.key(1), batch_size=256, vocab_size=512, seq_len=128, num_kv_pairs=4,
+              power_a=0.01)
+  flat = mqar(jax.random.key(1), batch_size=256, vocab_size=512, seq_len=128, num_kv_pairs=4,
+              power_a=1.0)
+  gap = lambda b: (np.flatnonzero(np.asarray(b.mask).reshape(-1)) % 128 - 8).mean() / 2
+  assert gap(near) < 0.6 * gap(flat)
+  assert abs(gap(flat) - (60 - 1) / 2) < 3  # uniform over 0..59
+
+
+def test_random_fill_keeps_queries_and_is_deterministic_under_jit():
+  a = mqar(jax.random.key(2), batch_size=4, vocab_size=256, seq_len=32, num_kv_pairs=4)
+  b = jax.jit(lambda k: mqar(k, batch_size=4, vocab_size=256, seq_len=32, num_kv_pairs=4))(jax.random.key(2))
+  for x, y in zip(a, b, strict=True):
+    np.testing.assert_array_equal(x, y)
+  m = np.asarray(a.mask) > 0
+  assert np.all(np.asarray(a.inputs)[m] < 128)
+  assert not np.array_equal(np.asarray(a.inputs),
+                            np.asarray(mqar(jax.random.key(3), batch_size=4, vocab_size=256, seq_len=32,
+                                            num_kv_pairs=4).inputs))
+
+
+@pytest.mark.parametrize("kw,match", [({"seq_len": 33}, "even"), ({"vocab_size": 32}, "must exceed"),
+                                      ({"num_kv_pairs": 9}, "4 \\* num_kv_pairs"),
+                                      ({"power_a": 0.0}, "power_a")])
+def test_bad_arguments_raise(kw, match):
+  args = dict(batch_size=2, vocab_size=128, seq_len=32, num_kv_pairs=4)
+  with pytest.raises(ValueError, match=match):
+    mqar(jax.random.key(0), **{**args, **kw})
