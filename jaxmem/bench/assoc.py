@@ -113,5 +113,86 @@ def bench_assoc(quick: bool = False, repeats: int = 5) -> str:
       f"former). Chunked FLOPs count every matmul it performs (`chunked_delta_flops`).\n\n"
       f"Chunk size at T={T}:\n\n"
       + markdown_table(["chunk", "fwd ms", "fwd+bwd ms", "fwd GFLOP/s"], chunk_rows)
-      + "\n"
+      + "\n\n" + _versus_fla(lengths, B, H, D, chk_f, chk_g, repeats)
   )
+
+
+def _load_fla_naive():
+  """fla-core's PyTorch reference ``fla/ops/delta_rule/naive.py``, loaded by file path.
+
+  Importing ``fla`` itself needs Triton (absent on CPU machines); the naive module only
+  needs torch and einops, so it is loaded on its own. None when fla-core / torch are
+  not installed (``pip install -e '.[bench]'``).
+  """
+  import importlib.util
+  try:
+    import torch  # noqa: F401
+    spec = importlib.util.find_spec("fla")
+  except ImportError:
+    return None
+  if spec is None or not spec.submodule_search_locations:
+    return None
+  import pathlib
+  path = pathlib.Path(spec.submodule_search_locations[0]) / "ops" / "delta_rule" / "naive.py"
+  if not path.is_file():
+    return None
+  module_spec = importlib.util.spec_from_file_location("fla_delta_rule_naive", path)
+  module = importlib.util.module_from_spec(module_spec)
+  try:
+    module_spec.loader.exec_module(module)
+  except ImportError:
+    return None
+  return module
+
+
+def _versus_fla(lengths, B, H, D, chk_f, chk_g, repeats) -> str:
+  """jaxmem chunked delta vs fla-core's naive chunked delta (PyTorch, CPU), same sizes."""
+  import statistics
+  import time
+
+  import numpy as np
+
+  naive = _load_fla_naive()
+  if naive is None:
+    return ("vs fla-core naive chunked delta (PyTorch): not installed — "
+            "`pip install -e '.[bench]'` adds torch, dnc and fla-core.\n")
+  import torch
+
+  def timed(fn):
+    fn()
+    ts = []
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      fn()
+      ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+  rows = []
+  for T in lengths:
+    q, k, v, beta = _inputs(B, T, H, D)
+    # fla layout [b, h, l, d]; its naive form scales q by d^-1/2, so pass q·sqrt(d) for equal outputs
+    tq, tk, tv = (torch.from_numpy(np.asarray(x).transpose(0, 2, 1, 3).copy()) for x in (q, k, v))
+    tb = torch.from_numpy(np.asarray(beta).transpose(0, 2, 1).copy())
+    tq = tq * D ** 0.5
+    with torch.no_grad():
+      o_ref = naive.delta_rule_chunkwise(tq, tk, tv, tb, chunk_size=64)
+      o_ref = o_ref[0] if isinstance(o_ref, tuple) else o_ref
+    ours = np.asarray(chk_f(q, k, v, beta)).transpose(0, 2, 1, 3)
+    diff = float(np.max(np.abs(ours - o_ref.numpy())))
+    with torch.no_grad():
+      t_fwd = timed(lambda: naive.delta_rule_chunkwise(tq, tk, tv, tb, chunk_size=64))
+    leaves = [x.clone().requires_grad_(True) for x in (tq, tk, tv, tb)]
+
+    def fwd_bwd():
+      out = naive.delta_rule_chunkwise(*leaves, chunk_size=64)
+      out = out[0] if isinstance(out, tuple) else out
+      out.sum().backward()
+    t_bwd = timed(fwd_bwd)
+    x = (q, k, v, beta)
+    t_of, t_og = time_call(chk_f, *x, repeats=repeats), time_call(chk_g, *x, repeats=repeats)
+    rows.append([T, f"{t_fwd * 1e3:.1f}", f"{t_of * 1e3:.1f}", f"{t_fwd / t_of:.2f}×",
+                 f"{t_bwd * 1e3:.1f}", f"{t_og * 1e3:.1f}", f"{t_bwd / t_og:.2f}×", f"{diff:.1e}"])
+  return ("vs fla-core naive chunked delta rule (PyTorch CPU reference, chunk 64), same inputs:\n\n"
+          + markdown_table(["T", "fla naive fwd ms", "jaxmem chunked fwd ms", "fla / jaxmem fwd",
+                            "fla naive fwd+bwd ms", "jaxmem fwd+bwd ms", "fla / jaxmem fwd+bwd",
+                            "max abs Δ output"], rows) + "\n")
