@@ -147,10 +147,9 @@ def _load_fla_naive():
 
 def _versus_fla(lengths, B, H, D, chk_f, chk_g, repeats) -> str:
   """jaxmem chunked delta vs fla-core's naive chunked delta (PyTorch, CPU), same sizes."""
-  import statistics
-  import time
-
   import numpy as np
+
+  from jaxmem.bench.timing import time_host
 
   naive = _load_fla_naive()
   if naive is None:
@@ -158,14 +157,7 @@ def _versus_fla(lengths, B, H, D, chk_f, chk_g, repeats) -> str:
             "`pip install -e '.[bench]'` adds torch, dnc and fla-core.\n")
   import torch
 
-  def timed(fn):
-    fn()
-    ts = []
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      fn()
-      ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+  timed = lambda fn: time_host(fn, repeats)
 
   rows = []
   for T in lengths:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem.bench.timing import time_call
+from jaxmem.bench.timing import time_call, time_host
 from jaxmem.experiments.report import markdown_table
 
 
@@ -24,13 +22,7 @@ def _torch_sdpa_timer(B, T, H, D, repeats) -> Optional[Callable]:
     return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
   def timed():
     with torch.no_grad():
-      run()
-      ts = []
-      for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+      return time_host(run, repeats)
   return timed
 
 

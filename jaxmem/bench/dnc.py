@@ -10,15 +10,13 @@ scan step (XLA's compiled temp-buffer size).
 from __future__ import annotations
 
 import dataclasses
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxmem.bench.timing import time_call
+from jaxmem.bench.timing import time_call, time_host
 from jaxmem.experiments.report import markdown_table
 from jaxmem.models.dnc import DNC, DNCConfig
 
@@ -76,15 +74,7 @@ def _torch_step_timer(B, T, N, W, R, hidden, width, repeats):
     loss.backward()
     opt.step()
 
-  def timed():
-    step()
-    times = []
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      step()
-      times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-  return timed
+  return lambda: time_host(step, repeats)
 
 
 def bench_dnc(quick: bool = False, repeats: int = 5) -> str:

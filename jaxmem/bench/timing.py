@@ -19,3 +19,15 @@ def time_call(fn: Callable, *args, repeats: int = 5, warmup: int = 1) -> float:
     jax.block_until_ready(fn(*args))
     times.append(time.perf_counter() - t0)
   return statistics.median(times)
+
+
+def time_host(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+  """Median wall seconds of a synchronous host call (a PyTorch peer), after ``warmup`` calls."""
+  for _ in range(warmup):
+    fn()
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
