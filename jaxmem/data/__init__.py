@@ -1,6 +1,6 @@
 """Text corpora as byte streams, and batching."""
 
-from jaxmem.data.batches import RandomWindows, eval_windows, ngram_bpb
+from jaxmem.data.batches import KeyedBatches, RandomWindows, eval_windows, ngram_bpb
 from jaxmem.data.corpora import (
     CORPORA,
     Corpus,
@@ -12,7 +12,7 @@ from jaxmem.data.corpora import (
 )
 
 __all__ = [
-    "CORPORA", "Corpus", "CorpusNotFoundError", "RandomWindows", "eval_windows",
+    "CORPORA", "Corpus", "CorpusNotFoundError", "KeyedBatches", "RandomWindows", "eval_windows",
     "load_corpus", "load_tiny_shakespeare", "load_wikitext2", "ngram_bpb",
     "split_tiny_shakespeare",
 ]

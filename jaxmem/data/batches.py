@@ -98,3 +98,34 @@ def ngram_bpb(train: np.ndarray, evaluate: np.ndarray, order: int, alpha: float 
     p = counts / counts.sum(axis=1, keepdims=True)
     return float(-np.log2(p[evaluate[:-1], evaluate[1:]]).mean())
   raise ValueError(f"`order` must be 1 or 2, got {order!r}.")
+
+
+class KeyedBatches:
+  """Batches of a pure generator ``fn(key, **kwargs) -> NamedTuple`` at positions 0, 1, ...
+
+  The batch at position ``p`` uses ``fold_in(key(seed), p)``, so the iterator's whole state
+  is ``{seed, position}`` and a checkpoint restores the exact stream. Fields come back as
+  numpy arrays under their NamedTuple names (e.g. ``observations, targets, mask``).
+  """
+
+  def __init__(self, fn, seed: int, **kwargs):
+    self.fn, self.kwargs, self.seed, self.position = fn, kwargs, int(seed), 0
+
+  def get_state(self) -> dict:
+    return {"seed": self.seed, "position": self.position}
+
+  def set_state(self, state: dict) -> None:
+    self.seed, self.position = int(state["seed"]), int(state["position"])
+
+  def batch_at(self, position: int) -> dict:
+    import jax
+    batch = self.fn(jax.random.fold_in(jax.random.key(self.seed), position), **self.kwargs)
+    return {k: np.asarray(v) for k, v in batch._asdict().items()}
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    batch = self.batch_at(self.position)
+    self.position += 1
+    return batch

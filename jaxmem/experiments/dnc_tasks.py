@@ -20,33 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxmem.data.batches import KeyedBatches
 from jaxmem.experiments import ExperimentResult, RunContext, Table, register
 from jaxmem.models import DNC, DNCConfig, SDNCTransformer, TransformerConfig, TransformerLM, copy_params
 from jaxmem.tasks import algorithmic as tasks
 from jaxmem.train import TrainConfig, TrainTask, read_metrics, train
 
-
-class TaskStream:
-  """Batches of a task generator at positions 0, 1, 2, ... (state: seed and position)."""
-
-  def __init__(self, fn: Callable, seed: int, **kwargs):
-    self.fn, self.kwargs, self.seed, self.position = fn, kwargs, seed, 0
-
-  def get_state(self):
-    return {"seed": self.seed, "position": self.position}
-
-  def set_state(self, state):
-    self.seed, self.position = int(state["seed"]), int(state["position"])
-
-  def batch_at(self, position: int) -> dict:
-    b = self.fn(jax.random.fold_in(jax.random.key(self.seed), position), **self.kwargs)
-    return {"observations": np.asarray(b.observations), "targets": np.asarray(b.targets),
-            "mask": np.asarray(b.mask)}
-
-  def __next__(self):
-    batch = self.batch_at(self.position)
-    self.position += 1
-    return batch
+# Algorithmic-task batches at positions of a seed (resumable); fields observations/targets/mask.
+TaskStream = KeyedBatches
 
 
 def sequence_loss(model, batch):

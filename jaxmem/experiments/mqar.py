@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxmem.data.batches import KeyedBatches
 from jaxmem.experiments import ExperimentResult, RunContext, Table, register
 from jaxmem.models import TransformerConfig, TransformerLM
 from jaxmem.tasks.multiquery import mqar
@@ -36,26 +37,9 @@ def settings(quick: bool) -> dict:
               n_heads=2, n_steps=20000, batch_size=64, lr=1e-3, eval_batches=16)
 
 
-class MQARStream:
-  """MQAR batches at positions 0, 1, ... of a seed (resumable iterator)."""
-
-  def __init__(self, seed: int, **kwargs):
-    self.seed, self.kwargs, self.position = seed, kwargs, 0
-
-  def get_state(self):
-    return {"seed": self.seed, "position": self.position}
-
-  def set_state(self, state):
-    self.seed, self.position = int(state["seed"]), int(state["position"])
-
-  def batch_at(self, position: int) -> dict:
-    b = mqar(jax.random.fold_in(jax.random.key(self.seed), position), **self.kwargs)
-    return {"inputs": np.asarray(b.inputs), "targets": np.asarray(b.targets), "mask": np.asarray(b.mask)}
-
-  def __next__(self):
-    batch = self.batch_at(self.position)
-    self.position += 1
-    return batch
+def MQARStream(seed: int, **kwargs) -> KeyedBatches:
+  """MQAR batches at positions of a seed (resumable); fields inputs/targets/mask."""
+  return KeyedBatches(mqar, seed, **kwargs)
 
 
 def recall_loss(model, batch):

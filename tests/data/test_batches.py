@@ -69,3 +69,19 @@ def test_ngram_bpb_of_a_deterministic_cycle():
   bpb = ngram_bpb(cycle, cycle, 2, alpha=1e-9)
   assert bpb < 1e-6
   assert ngram_bpb(cycle, cycle, 1, alpha=1e-9) == pytest.approx(2.0, abs=1e-6)
+
+
+def test_keyed_batches_resume_the_exact_stream():
+  from jaxmem.data import KeyedBatches
+  from jaxmem.tasks import copy_task
+  a = KeyedBatches(copy_task, 3, batch_size=2, num_bits=3, min_length=1, max_length=4)
+  [next(a) for _ in range(3)]
+  state = a.get_state()
+  want = next(a)
+  b = KeyedBatches(copy_task, 0, batch_size=2, num_bits=3, min_length=1, max_length=4)
+  b.set_state(state)
+  got = next(b)
+  assert set(got) == {"observations", "targets", "mask"}
+  for k in got:
+    np.testing.assert_array_equal(got[k], want[k])
+  assert not np.array_equal(a.batch_at(0)["observations"], a.batch_at(1)["observations"])
