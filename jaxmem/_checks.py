@@ -39,6 +39,17 @@ def check_positive_int(name: str, value: Any) -> int:
   return value
 
 
+def check_config_ints(config: Any, names: Sequence[str], *, allow_zero: bool = False) -> None:
+  """Raises ``ValueError`` ("Owner.field must be a positive integer, ...") for a config dataclass."""
+  owner = type(config).__name__
+  for name in names:
+    value = getattr(config, name)
+    ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+      kind = "a non-negative" if allow_zero else "a positive"
+      raise ValueError(f"{owner}.{name} must be {kind} integer, got {value!r}.")
+
+
 def check_finite_number(name: str, value: Any, *, positive: bool = False) -> float:
   try:
     v = float(value)

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxmem._checks import check_rank
+from jaxmem._checks import check_config_ints, check_rank
 from jaxmem.kernels import dnc as dnc_kernels
 
 
@@ -38,10 +38,8 @@ class DNCConfig:
   remat: bool = True
 
   def __post_init__(self):
-    for name in ("input_dim", "output_dim", "memory_size", "word_size", "num_reads", "hidden_size"):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise ValueError(f"DNCConfig.{name} must be a positive integer, got {v!r}.")
+    check_config_ints(self, ("input_dim", "output_dim", "memory_size", "word_size", "num_reads",
+                             "hidden_size"))
     if self.controller not in ("lstm", "feedforward"):
       raise ValueError(f"DNCConfig.controller must be 'lstm' or 'feedforward', got {self.controller!r}.")
     if not (isinstance(self.clip_value, (int, float)) and self.clip_value >= 0):

@@ -20,6 +20,7 @@ import dataclasses
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxmem._checks import check_config_ints
 from jaxmem.kernels.attention import softmax_attention
 from jaxmem.kernels.sdnc import sdnc_cross_attention
 from jaxmem.models.transformer import Block, FeedForward, TransformerConfig, TransformerLM
@@ -89,10 +90,7 @@ class EncoderDecoderConfig:
   src_vocab_size: int = 256
 
   def __post_init__(self):
-    for name in ("n_enc_layers", "src_vocab_size"):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise ValueError(f"EncoderDecoderConfig.{name} must be a positive integer, got {v!r}.")
+    check_config_ints(self, ("n_enc_layers", "src_vocab_size"))
 
 
 class SDNCEncoderDecoder(nnx.Module):

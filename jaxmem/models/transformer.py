@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxmem._checks import check_rank
+from jaxmem._checks import check_config_ints, check_rank
 from jaxmem.kernels.assoc import associative_memory
 from jaxmem.kernels.attention import softmax_attention
 from jaxmem.kernels.sdnc import sdnc_attention, sdnc_hybrid_attention
@@ -88,10 +88,8 @@ class TransformerConfig:
   chunk_size: int = 64
 
   def __post_init__(self):
-    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"TransformerConfig.{name} must be a positive integer, got {value!r}.")
+    check_config_ints(self, ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "chunk_size"))
+    check_config_ints(self, ("input_dim", "output_dim"), allow_zero=True)
     if self.d_model % self.n_heads:
       raise ValueError(
           f"TransformerConfig.n_heads={self.n_heads} must divide d_model={self.d_model}."
@@ -108,15 +106,9 @@ class TransformerConfig:
       raise ValueError(f"TransformerConfig.assoc_mode must be one of {list(MODES)}, got {self.assoc_mode!r}.")
     if self.feature_map not in ("identity", "elu1"):
       raise ValueError(f"TransformerConfig.feature_map must be 'identity' or 'elu1', got {self.feature_map!r}.")
-    if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size <= 0:
-      raise ValueError(f"TransformerConfig.chunk_size must be a positive integer, got {self.chunk_size!r}.")
     if self.positions not in ("learned", "sinusoidal", "none"):
       raise ValueError(
           f"TransformerConfig.positions must be 'learned', 'sinusoidal' or 'none', got {self.positions!r}.")
-    for name in ("input_dim", "output_dim"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"TransformerConfig.{name} must be a non-negative integer, got {value!r}.")
     if self.hybrid and self.memory != "softmax":
       raise ValueError("TransformerConfig: the hybrids run on the parallel kernel; use memory='softmax'.")
 

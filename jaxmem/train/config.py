@@ -6,14 +6,8 @@ import dataclasses
 import math
 from typing import Optional
 
+from jaxmem._checks import check_config_ints
 from jaxmem.models.transformer import TransformerConfig
-
-
-def _positive_int(owner: str, name: str, value, *, allow_zero: bool = False) -> None:
-  ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
-  if not ok:
-    kind = "a non-negative" if allow_zero else "a positive"
-    raise ValueError(f"{owner}.{name} must be {kind} integer, got {value!r}.")
 
 
 def _finite(owner: str, name: str, value, lo: float = -math.inf, hi: float = math.inf) -> None:
@@ -54,10 +48,8 @@ class TrainConfig:
 
   def __post_init__(self):
     o = "TrainConfig"
-    for name in ("n_steps", "ckpt_every", "keep_checkpoints", "log_every"):
-      _positive_int(o, name, getattr(self, name))
-    for name in ("warmup_steps", "eval_every", "seed"):
-      _positive_int(o, name, getattr(self, name), allow_zero=True)
+    check_config_ints(self, ("n_steps", "ckpt_every", "keep_checkpoints", "log_every"))
+    check_config_ints(self, ("warmup_steps", "eval_every", "seed"), allow_zero=True)
     _finite(o, "lr", self.lr, 0.0)
     _finite(o, "min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
     _finite(o, "weight_decay", self.weight_decay, 0.0)
@@ -92,9 +84,8 @@ class DataConfig:
   eval_max_windows: int = 0
 
   def __post_init__(self):
-    for name in ("seq_len", "batch_size", "eval_batch_size"):
-      _positive_int("DataConfig", name, getattr(self, name))
-    _positive_int("DataConfig", "eval_max_windows", self.eval_max_windows, allow_zero=True)
+    check_config_ints(self, ("seq_len", "batch_size", "eval_batch_size"))
+    check_config_ints(self, ("eval_max_windows",), allow_zero=True)
 
 
 @dataclasses.dataclass(frozen=True)
