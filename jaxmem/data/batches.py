@@ -16,7 +16,31 @@ import numpy as np
 from jaxmem._checks import check_positive_int
 
 
-class RandomWindows:
+class PositionedBatches:
+  """An iterator whose batch at position ``p`` is a pure function ``batch_at(p)`` of its seed.
+
+  Its whole state is ``{seed, position}``, so a checkpoint restores the exact stream.
+  """
+
+  seed: int
+  position: int
+
+  def batch_at(self, position: int) -> dict:
+    raise NotImplementedError
+
+  def get_state(self) -> dict:
+    return {"seed": self.seed, "position": self.position}
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    batch = self.batch_at(self.position)
+    self.position += 1
+    return batch
+
+
+class RandomWindows(PositionedBatches):
   """Random ``(inputs, targets)`` windows of ``seq_len`` bytes; ``targets`` is shifted by 1."""
 
   def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int = 0,
@@ -34,9 +58,6 @@ class RandomWindows:
     self.seq_len, self.batch_size = seq_len, batch_size
     self.seed, self.process_index, self.position = int(seed), int(process_index), 0
 
-  def get_state(self) -> dict:
-    return {"seed": self.seed, "position": self.position}
-
   def set_state(self, state: dict) -> None:
     if int(state["seed"]) != self.seed:
       raise ValueError(f"iterator state has seed {state['seed']}, this iterator {self.seed}.")
@@ -48,14 +69,6 @@ class RandomWindows:
     idx = starts[:, None] + np.arange(self.seq_len + 1)[None, :]
     window = self.tokens[idx]
     return {"inputs": window[:, :-1], "targets": window[:, 1:]}
-
-  def __iter__(self):
-    return self
-
-  def __next__(self) -> dict:
-    batch = self.batch_at(self.position)
-    self.position += 1
-    return batch
 
 
 def eval_windows(tokens: np.ndarray, seq_len: int) -> dict:
@@ -100,7 +113,7 @@ def ngram_bpb(train: np.ndarray, evaluate: np.ndarray, order: int, alpha: float 
   raise ValueError(f"`order` must be 1 or 2, got {order!r}.")
 
 
-class KeyedBatches:
+class KeyedBatches(PositionedBatches):
   """Batches of a pure generator ``fn(key, **kwargs) -> NamedTuple`` at positions 0, 1, ...
 
   The batch at position ``p`` uses ``fold_in(key(seed), p)``, so the iterator's whole state
@@ -111,9 +124,6 @@ class KeyedBatches:
   def __init__(self, fn, seed: int, **kwargs):
     self.fn, self.kwargs, self.seed, self.position = fn, kwargs, int(seed), 0
 
-  def get_state(self) -> dict:
-    return {"seed": self.seed, "position": self.position}
-
   def set_state(self, state: dict) -> None:
     self.seed, self.position = int(state["seed"]), int(state["position"])
 
@@ -121,11 +131,3 @@ class KeyedBatches:
     import jax
     batch = self.fn(jax.random.fold_in(jax.random.key(self.seed), position), **self.kwargs)
     return {k: np.asarray(v) for k, v in batch._asdict().items()}
-
-  def __iter__(self):
-    return self
-
-  def __next__(self) -> dict:
-    batch = self.batch_at(self.position)
-    self.position += 1
-    return batch

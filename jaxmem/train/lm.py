@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -41,6 +42,13 @@ def lm_loss(model: nnx.Module, batch: dict) -> tuple:
   return loss, {"bpb": loss / LN2}
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _masked_nll_sum(graphdef, state, batch):
+  """Summed masked NLL of one batch; jitted once per model structure (graphdef is static)."""
+  nll = token_nll(nnx.merge(graphdef, state)(batch["inputs"]), batch["targets"])
+  return (nll * batch["mask"]).sum(dtype=jnp.float32)
+
+
 def evaluate_bpb(model: nnx.Module, tokens: np.ndarray, seq_len: int, batch_size: int = 64,
                  max_windows: int = 0, mesh=None) -> dict:
   """Bits per byte over deterministic non-overlapping windows of ``tokens``.
@@ -59,17 +67,10 @@ def evaluate_bpb(model: nnx.Module, tokens: np.ndarray, seq_len: int, batch_size
   w = {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in w.items()}
   graphdef, state = nnx.split(model)
   sharding = NamedSharding(mesh, P("data"))
-
-  @jax.jit
-  def nll_sum(state, batch):
-    m = nnx.merge(graphdef, state)
-    nll = token_nll(m(batch["inputs"]), batch["targets"])
-    return (nll * batch["mask"]).sum(dtype=jnp.float32)
-
   total = 0.0
   for i in range(0, w["inputs"].shape[0], bs):
     batch = {k: jax.device_put(v[i:i + bs], sharding) for k, v in w.items()}
-    total += float(nll_sum(state, batch))
+    total += float(_masked_nll_sum(graphdef, state, batch))
   count = float(w["mask"].sum())
   return {"nll": total / count, "bpb": total / count / LN2, "n_bytes": int(count)}
 
