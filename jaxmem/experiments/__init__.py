@@ -67,5 +67,5 @@ def register(name: str, paper: str, description: str):
 
 def load_all() -> dict:
   """Imports every experiment module (each registers itself) and returns the registry."""
-  from jaxmem.experiments import dnc_tasks, lm_baseline, mqar, pavlovian, pavlovian_depth  # noqa: F401
+  from jaxmem.experiments import depth_width, dnc_tasks, lm_baseline, mqar, pavlovian, pavlovian_depth  # noqa: F401
   return REGISTRY

@@ -63,6 +63,11 @@ class TransformerConfig:
     output_dim: 0 for ``vocab_size`` logits; > 0 for a linear read-out of that width.
     positions: "learned" (absolute, up to ``max_len``), "sinusoidal" (fixed) or "none"
       (causal attention infers order; the choice for length generalisation).
+    short_conv: 0 for none; else the width ``K`` of a causal depthwise convolution over
+      time applied to q, k and v after their projection,
+      ``x'_t = Σ_{j<K} w_j ⊙ x_{t−j}`` (H3's shift / Zoology's and DeltaNet's short
+      convolution; initialised to the identity ``w_0 = 1``, other taps 0). It lets one
+      layer bind a key to its neighbouring token, which recall tasks need.
   """
 
   vocab_size: int = 256
@@ -86,10 +91,11 @@ class TransformerConfig:
   key_norm: bool = False
   assoc_mode: str = "auto"
   chunk_size: int = 64
+  short_conv: int = 0
 
   def __post_init__(self):
     check_config_ints(self, ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "chunk_size"))
-    check_config_ints(self, ("input_dim", "output_dim"), allow_zero=True)
+    check_config_ints(self, ("input_dim", "output_dim", "short_conv"), allow_zero=True)
     if self.d_model % self.n_heads:
       raise ValueError(
           f"TransformerConfig.n_heads={self.n_heads} must divide d_model={self.d_model}."
@@ -153,11 +159,15 @@ class MultiHeadAttention(nnx.Module):
                          if assoc and cfg.assoc_rule in ("delta", "oja", "gated_delta") else None)
     self.decay = nnx.data(gate(H, jnp.full((H,), 3.0))
                           if assoc and cfg.assoc_rule in ("decay", "gated_delta") else None)
+    self.conv = nnx.data(ShortConv(cfg.short_conv, 3 * cfg.d_model, rngs=rngs) if cfg.short_conv else None)
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     B, T, _ = x_BTD.shape
     H = self.cfg.n_heads
-    qkv = self.qkv(x_BTD).reshape(B, T, 3, H, self.cfg.head_dim)
+    qkv = self.qkv(x_BTD)
+    if self.conv is not None:
+      qkv = self.conv(qkv)
+    qkv = qkv.reshape(B, T, 3, H, self.cfg.head_dim)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     if self.cfg.hybrid:
       o_BTHK = sdnc_hybrid_attention(
@@ -190,6 +200,29 @@ class MultiHeadAttention(nnx.Module):
     decay = None if self.decay is None else jax.nn.sigmoid(self.decay(x_BTD).astype(jnp.float32))
     return associative_memory(q, k, v, beta, rule=cfg.assoc_rule, mode=cfg.assoc_mode,
                               chunk_size=cfg.chunk_size, decay=decay)
+
+
+class ShortConv(nnx.Module):
+  """Causal depthwise convolution over time: ``y_t = Σ_{j<K} w_j ⊙ x_{t−j}`` on ``[B, T, C]``.
+
+  The short convolution of H3 (Fu et al. 2023, its "shift" SSM), Zoology's BaseConv and
+  DeltaNet (Yang et al. 2024). ``K`` shifted copies summed (``K`` is a small static width,
+  so this is ``K`` vector ops, not a loop over time). Starts as the identity (``w_0 = 1``).
+  """
+
+  def __init__(self, width: int, channels: int, *, rngs: nnx.Rngs):
+    del rngs
+    self.width = width
+    self.kernel = nnx.Param(jnp.zeros((width, channels), jnp.float32).at[0].set(1.0))
+
+  def __call__(self, x_BTC: jax.Array) -> jax.Array:
+    T = x_BTC.shape[1]
+    w = self.kernel[...].astype(x_BTC.dtype)
+    padded = jnp.pad(x_BTC, ((0, 0), (self.width - 1, 0), (0, 0)))
+    y = w[0][None, None] * x_BTC
+    for j in range(1, self.width):  # taps, not time steps
+      y = y + w[j][None, None] * padded[:, self.width - 1 - j: self.width - 1 - j + T]
+    return y
 
 
 class FeedForward(nnx.Module):

@@ -5,7 +5,8 @@
   masked sigmoid cross-entropy / bit error rate used with them.
 * :mod:`~jaxmem.tasks.babi` — procedural bAbI-style stories (tasks 1, 2, 7), a loader for
   a local copy of the real bAbI files, and word-id encoding.
-* :mod:`~jaxmem.tasks.multiquery` — Zoology's multi-query associative recall.
+* :mod:`~jaxmem.tasks.multiquery` — Zoology's multi-query associative recall and its
+  multi-hop extension.
 """
 
 from jaxmem.tasks import algorithmic, babi, multiquery
@@ -28,11 +29,12 @@ from jaxmem.tasks.babi import (
     parse_babi,
     tokenize,
 )
-from jaxmem.tasks.multiquery import MQARBatch, mqar
+from jaxmem.tasks.multiquery import MQARBatch, mqar, multihop_recall
 
 __all__ = [
     "BabiExample", "EncodedBabi", "MQARBatch", "TaskBatch", "Vocabulary", "algorithmic",
     "associative_recall", "babi", "bit_error_rate", "copy_task", "encode_examples", "generate_babi",
-    "load_babi", "masked_sigmoid_cross_entropy", "mqar", "multiquery", "parse_babi", "priority_sort",
+    "load_babi", "masked_sigmoid_cross_entropy", "mqar", "multihop_recall", "multiquery", "parse_babi",
+    "priority_sort",
     "repeat_copy", "tokenize",
 ]

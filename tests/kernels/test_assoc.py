@@ -115,6 +115,44 @@ def test_chunked_grouping_and_chunk_sizes(rule, chunk, group):
   np.testing.assert_allclose(S, ref_S, rtol=1e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize("rule,T,chunk", [
+    ("delta", 63, 16), ("gated_delta", 37, 8), ("oja", 63, 16), ("decay", 37, 16),
+])
+def test_chunked_batch_of_one_equals_its_row_of_a_batch(rule, T, chunk):
+  # B = 1 groups the sequence by a reshape alone (no batch axis), B > 1 by a transpose:
+  # both paths give the numpy loop's values and final states and the same gradients.
+  # D_k = 60 and T not a multiple of the chunk (the last chunk padded).
+  q, k, v, beta, decay, S0 = make_inputs(2, T, 2, 60, 12, seed=21)
+  ref_o, ref_S = numpy_assoc(q, k, v, beta, decay if rule in DECAYS else None, S0, rule)
+  one = lambda x: x[1:]
+  o2, S2 = call(rule, "chunked", q, k, v, beta, decay, S0, chunk=chunk)
+  o1, S1 = call(rule, "chunked", *map(one, (q, k, v, beta, decay, S0)), chunk=chunk)
+  np.testing.assert_allclose(o2, ref_o, rtol=1e-4, atol=2e-5)
+  np.testing.assert_allclose(S2, ref_S, rtol=1e-4, atol=2e-5)
+  np.testing.assert_allclose(o1, ref_o[1:], rtol=1e-4, atol=2e-5)
+  np.testing.assert_allclose(S1, ref_S[1:], rtol=1e-4, atol=2e-5)
+
+  r = np.random.default_rng(22)
+  cot_o = jnp.asarray(r.normal(size=(2, T, 2, 12)), jnp.float32)
+  cot_S = jnp.asarray(r.normal(size=(2, 2, 12, 60)), jnp.float32)
+
+  def grads(mode, cot_o, cot_S, *xs):
+    def f(*xs):
+      o, S = call(rule, mode, *xs, chunk=chunk)
+      return jnp.sum(o * cot_o) + jnp.sum(S * cot_S)
+    return jax.jit(jax.grad(f, argnums=tuple(range(6))))(*xs)
+
+  g2 = grads("chunked", cot_o, cot_S, q, k, v, beta, decay, S0)
+  g1 = grads("chunked", one(cot_o), one(cot_S), *map(one, (q, k, v, beta, decay, S0)))
+  ref1 = grads("recurrent", one(cot_o), one(cot_S), *map(one, (q, k, v, beta, decay, S0)))
+  names = ["q", "k", "v", "beta", "decay", "initial_state"]
+  for name, a, b, c in zip(names, g1, g2, ref1, strict=True):
+    if name == "decay" and rule not in DECAYS:
+      continue
+    np.testing.assert_allclose(a, c, rtol=2e-4, atol=2e-5, err_msg=f"B=1 vs recurrent d/d{name}")
+    np.testing.assert_allclose(a, b[1:], rtol=2e-4, atol=2e-5, err_msg=f"B=1 vs B=2 d/d{name}")
+
+
 def test_hebb_parallel_is_causal_linear_attention():
   q, k, v, _, _, _ = make_inputs(2, 29, 3, 12, 5, seed=4, with_state=False)
   mask = jnp.tril(jnp.ones((29, 29), bool))[None, None]

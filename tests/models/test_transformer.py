@@ -90,3 +90,53 @@ def test_too_long_input_and_bad_rank_raise():
 def test_bad_config_raises(kw, match):
   with pytest.raises(ValueError, match=match):
     TransformerConfig(**{**TINY, **kw})
+
+
+# --- short convolution (short_conv=K) -------------------------------------------------
+
+
+def test_short_conv_matches_a_numpy_loop_values_and_gradients():
+  from jaxmem.models.transformer import ShortConv
+  conv = ShortConv(3, 5, rngs=nnx.Rngs(0))
+  w = np.asarray(jax.random.normal(jax.random.key(0), (3, 5)), np.float64)
+  conv.kernel[...] = jnp.asarray(w, jnp.float32)
+  x = np.asarray(jax.random.normal(jax.random.key(1), (2, 7, 5)), np.float64)
+  ref = np.zeros_like(x)
+  for t in range(7):
+    for j in range(3):
+      if t - j >= 0:
+        ref[:, t] += w[j] * x[:, t - j]
+  np.testing.assert_allclose(conv(jnp.asarray(x, jnp.float32)), ref, rtol=1e-5, atol=1e-5)
+  # d sum(y * c) / dw_j = Σ_t c_t ⊙ x_{t−j}
+  c = np.asarray(jax.random.normal(jax.random.key(2), (2, 7, 5)), np.float64)
+  graphdef, state = nnx.split(conv)
+  g = jax.grad(lambda st: (nnx.merge(graphdef, st)(jnp.asarray(x, jnp.float32)) * c).sum())(state)
+  ref_g = np.stack([(c[:, j:] * x[:, :7 - j]).sum(axis=(0, 1)) for j in range(3)])
+  np.testing.assert_allclose(g["kernel"][...], ref_g, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("memory", ["softmax", "assoc"])
+def test_short_conv_starts_as_the_identity(memory):
+  """A fresh short conv (w_0 = 1) leaves the model equal to the same weights without it."""
+  plain, conv = make(memory=memory), make(memory=memory, short_conv=4)
+  tokens = jax.random.randint(jax.random.key(4), (2, 11), 0, 256)
+  np.testing.assert_allclose(plain(tokens), conv(tokens), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("memory", ["softmax", "assoc"])
+def test_short_conv_model_is_causal_by_gradient(memory):
+  model = make(memory=memory, short_conv=3, assoc_rule="delta", key_norm=True)
+  # random taps so every tap carries gradient
+  for blk_kernel in [model.blocks.attn.conv.kernel]:
+    blk_kernel[...] = jax.random.normal(jax.random.key(5), blk_kernel[...].shape)
+  x = model.embed_tokens(jax.random.randint(jax.random.key(1), (2, 11), 0, 256))
+  graphdef, state = nnx.split(model)
+  for t in (0, 6):
+    g = jax.grad(lambda x: nnx.merge(graphdef, state, copy=True).logits_from_embeddings(x)[:, t].sum())(x)
+    per_pos = np.abs(np.asarray(g)).sum(axis=(0, 2))
+    assert np.all(per_pos[t + 1:] == 0.0) and np.all(per_pos[: t + 1] > 0.0), per_pos
+
+
+def test_short_conv_must_be_non_negative():
+  with pytest.raises(ValueError, match="short_conv"):
+    TransformerConfig(short_conv=-1)

@@ -54,3 +54,53 @@ def test_bad_arguments_raise(kw, match):
   args = dict(batch_size=2, vocab_size=128, seq_len=32, num_kv_pairs=4)
   with pytest.raises(ValueError, match=match):
     mqar(jax.random.key(0), **{**args, **kw})
+
+
+# --- multi-hop recall ------------------------------------------------------------------
+
+from jaxmem.tasks.multiquery import multihop_recall  # noqa: E402
+
+
+@pytest.mark.parametrize("hops", [1, 2, 3])
+def test_multihop_answers_follow_the_chain_in_plain_python(hops):
+  n, T = 5, 2 * 5 * (hops + 1) + 10
+  b = multihop_recall(jax.random.key(hops), batch_size=12, vocab_size=97, seq_len=T, num_chains=n, hops=hops,
+                      random_non_queries=False)
+  inputs, targets, mask = (np.asarray(x) for x in b)
+  context = 2 * n * hops
+  for x, y, m in zip(inputs, targets, mask, strict=True):
+    keys, values = x[0:context:2].tolist(), x[1:context:2].tolist()
+    assert len(set(keys)) == n * hops                      # every link's key is distinct
+    link = dict(zip(keys, values, strict=True))
+    assert all(0 < t < 97 for t in keys + values)
+    starts = set(keys) - set(values)                       # chain heads: never a value
+    assert len(starts) == n
+    q = np.flatnonzero(m)
+    assert len(q) == n and all(p >= context and (p - context) % 2 == 0 for p in q)
+    assert set(x[q].tolist()) == starts
+    for p in q:
+      node = int(x[p])
+      for _ in range(hops):
+        node = link[node]
+      assert y[p] == node and node not in link             # the answer is the chain's end
+    rest = np.setdiff1d(np.arange(context, T), q)
+    assert np.all(x[rest] == 0) and np.all(y[rest] == 0)
+
+
+def test_multihop_link_order_is_shuffled_and_fill_is_random():
+  b = multihop_recall(jax.random.key(0), batch_size=64, vocab_size=256, seq_len=48, num_chains=4, hops=2)
+  x = np.asarray(b.inputs)
+  # the first link is a chain's first hop in about half the sequences (4 of the 8 links), not always
+  firsts = [int(r[0]) not in set(r[1:16:2].tolist()) for r in x]
+  assert 0.2 < np.mean(firsts) < 0.8
+  rest = np.asarray(b.mask) == 0
+  rest[:, :16] = False
+  assert np.all(x[rest] > 0) and len(np.unique(x[rest])) > 50
+
+
+@pytest.mark.parametrize("kw,match", [({"seq_len": 31}, "even"), ({"seq_len": 20}, "seq_len"),
+                                      ({"vocab_size": 12}, "vocab_size"), ({"hops": 0}, "hops")])
+def test_multihop_bad_arguments_raise(kw, match):
+  args = dict(batch_size=2, vocab_size=128, seq_len=32, num_chains=4, hops=2)
+  with pytest.raises(ValueError, match=match):
+    multihop_recall(jax.random.key(0), **{**args, **kw})

@@ -1,0 +1,205 @@
+"""Depth vs width at equal parameters on associative recall, trained (Pavlovian digest, result 2).
+
+Claim probed (digest ``shared/papers/pavlovian.md``): stacked conditioning circuits err as
+``r* ∝ L · (n/d_k)^H`` — linearly in depth ``L``, exponentially suppressed by heads ``H`` —
+"hence a depth–width trade-off: wide-and-shallow models beat narrow-and-deep ones on
+associative reasoning at equal parameters". ``assoc_error_propagation`` measures the bound's
+shape without training; this experiment trains models.
+
+Models: :class:`~jaxmem.models.TransformerLM` with a conditioning-circuit memory
+(``memory="assoc"``, each rule in ``rules``; ``"softmax"`` is attention for reference),
+a short convolution on q/k/v (as in Zoology/DeltaNet), a fixed head width ``head_dim``
+(so width = heads: ``H = d_model / head_dim``) and ``d_ff = 2·d_model``. The shapes
+``(L, d_model)`` in ``shapes`` hold ``L·d_model²`` (the block parameters) fixed as far as
+integer head counts allow; the table reports the exact block and total parameter counts.
+
+Tasks (:mod:`jaxmem.tasks.multiquery`): MQAR (one hop) and multi-hop recall (``hops`` ≥ 2:
+the recalled item is the next query). Every model is deep enough for the hops
+(``L ≥ hops``), so depth is not a hard requirement in any cell; the question is which
+shape spends a fixed parameter budget better.
+
+Sizes come from :func:`settings` (tests replace it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxmem.data.batches import KeyedBatches
+from jaxmem.experiments import ExperimentResult, RunContext, Table, register
+from jaxmem.experiments.mqar import recall_loss
+from jaxmem.models import TransformerConfig, TransformerLM, count_params
+from jaxmem.tasks.multiquery import mqar, multihop_recall
+from jaxmem.train import TrainConfig, TrainTask, train
+
+PAPER = "pavlovian"
+
+
+@dataclasses.dataclass(frozen=True)
+class RecallTask:
+  name: str
+  hops: int          # 1: MQAR (Zoology's generator); ≥ 2: multihop_recall
+  num_items: int     # key-value pairs (MQAR) or chains (multi-hop)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  tasks: tuple = (RecallTask("MQAR", 1, 8),)
+  shapes: tuple = ((2, 64), (4, 48), (8, 32))   # (L, d_model): L·d² = 8192, 9216, 8192
+  rules: tuple = ("delta",)
+  head_dim: int = 16
+  vocab_size: int = 128
+  seq_len: int = 64
+  short_conv: int = 4
+  n_steps: int = 1000
+  batch_size: int = 64
+  lr: float = 3e-3
+  eval_batches: int = 8
+  seeds: tuple = (0, 1, 2)
+
+
+def settings(quick: bool) -> Settings:
+  if quick:
+    return Settings()
+  return Settings(tasks=(RecallTask("MQAR", 1, 16), RecallTask("2-hop recall", 2, 8),
+                         RecallTask("3-hop recall", 3, 6)),
+                  shapes=((3, 128), (6, 90), (12, 64)), rules=("hebb", "delta", "gated_delta", "softmax"),
+                  head_dim=16, vocab_size=512, seq_len=128, n_steps=6000, seeds=(0, 1, 2))
+
+
+def model_config(rule: str, L: int, d: int, s: Settings) -> TransformerConfig:
+  if d % s.head_dim:
+    raise ValueError(f"d_model={d} is not a multiple of head_dim={s.head_dim}.")
+  base = TransformerConfig(vocab_size=s.vocab_size, d_model=d, n_layers=L, n_heads=d // s.head_dim,
+                           d_ff=2 * d, max_len=s.seq_len, short_conv=s.short_conv)
+  if rule == "softmax":
+    return base
+  return dataclasses.replace(base, memory="assoc", assoc_rule=rule, assoc_mode="chunked", chunk_size=16,
+                             key_norm=rule in ("delta", "oja", "gated_delta"))
+
+
+def stream(task: RecallTask, s: Settings, seed: int, batch_size: int) -> KeyedBatches:
+  common = dict(batch_size=batch_size, vocab_size=s.vocab_size, seq_len=s.seq_len)
+  if task.hops == 1:
+    return KeyedBatches(mqar, seed, num_kv_pairs=task.num_items, **common)
+  return KeyedBatches(multihop_recall, seed, num_chains=task.num_items, hops=task.hops, **common)
+
+
+def block_params(model: TransformerLM) -> int:
+  return sum(x.size for x in jax.tree.leaves(nnx.state(model.blocks, nnx.Param)))
+
+
+def evaluate(model, task: RecallTask, s: Settings) -> float:
+  graphdef, state = nnx.split(model)
+  f = jax.jit(lambda st, b: recall_loss(nnx.merge(graphdef, st), b)[1]["accuracy"])
+  ev = stream(task, s, seed=1_000_000, batch_size=64)
+  return float(np.mean([float(f(state, ev.batch_at(i))) for i in range(s.eval_batches)]))
+
+
+@register("assoc_depth_width", paper=PAPER,
+          description="Trained wide-shallow vs narrow-deep conditioning-circuit Transformers at equal "
+                      "parameters on MQAR and multi-hop recall.")
+def run(ctx: RunContext) -> ExperimentResult:
+  s = settings(ctx.quick)
+  for L, _ in s.shapes:
+    for task in s.tasks:
+      if L < task.hops:
+        raise ValueError(f"shape with L={L} cannot chain {task.hops} hops; every shape needs L >= hops.")
+  cfg = TrainConfig(n_steps=s.n_steps, lr=s.lr, warmup_steps=min(100, s.n_steps // 10), weight_decay=0.0,
+                    grad_clip=1.0, ckpt_every=max(1, s.n_steps // 4), keep_checkpoints=1,
+                    log_every=max(1, s.n_steps // 40))
+  results, t_all = {}, time.perf_counter()
+  for task in s.tasks:
+    for rule in s.rules:
+      for L, d in s.shapes:
+        accs, secs = [], []
+        for seed in s.seeds:
+          t0 = time.perf_counter()
+          mcfg = model_config(rule, L, d, s)
+          tcfg = dataclasses.replace(cfg, seed=seed)
+          tt = TrainTask(init_model=lambda rngs, c=mcfg: TransformerLM(c, rngs=rngs), loss_fn=recall_loss,
+                         train_iter=stream(task, s, seed, s.batch_size))
+          res = train(tt, tcfg, ctx.outdir / f"{task.hops}hop_{rule}_L{L}_d{d}_s{seed}", progress=ctx.progress)
+          accs.append(evaluate(res.model, task, s))
+          secs.append(time.perf_counter() - t0)
+        results[(task.name, rule, L, d)] = {
+            "accuracy": float(np.mean(accs)), "accuracies": accs, "seconds": float(np.sum(secs)),
+            "block_params": block_params(res.model), "params": count_params(res.model),
+            "heads": mcfg.n_heads,
+            "state_floats_per_layer": 0 if rule == "softmax" else mcfg.n_heads * mcfg.head_dim ** 2}
+  seconds = time.perf_counter() - t_all
+  (ctx.outdir / "results.json").write_text(json.dumps({"/".join(map(str, k)): v for k, v in results.items()},
+                                                      indent=2))
+  shape_names = [f"L={L}, d={d}" for L, d in s.shapes]
+  acc_rows, verdict_rows, held, cells = [], [], 0, 0
+  for task in s.tasks:
+    for rule in s.rules:
+      r = [results[(task.name, rule, L, d)] for L, d in s.shapes]
+      spread = lambda x: f" ± {np.std(x['accuracies']):.3f}" if len(s.seeds) > 1 else ""
+      acc_rows.append([task.name, rule] + [f"{x['accuracy']:.3f}{spread(x)}" for x in r])
+      wide, deep = r[0]["accuracy"], r[-1]["accuracy"]
+      best = shape_names[int(np.argmax([x["accuracy"] for x in r]))]
+      ok = wide >= deep
+      cells += 1
+      held += ok
+      verdict_rows.append([task.name, rule, f"{wide:.3f}", f"{deep:.3f}", best, "yes" if ok else "NO"])
+  any_task, any_rule = s.tasks[0].name, s.rules[0]
+  param_rows = [[f"L={L}, d={d}", results[(any_task, any_rule, L, d)]["heads"], s.head_dim,
+                 f"{L * d * d:,}", f"{results[(any_task, any_rule, L, d)]['block_params']:,}",
+                 f"{results[(any_task, any_rule, L, d)]['params']:,}",
+                 f"{results[(any_task, any_rule, L, d)]['state_floats_per_layer']:,}"]
+                for L, d in s.shapes]
+  notes = [
+      f"Vocabulary {s.vocab_size}, T = {s.seq_len}, short convolution width {s.short_conv}, head width "
+      f"{s.head_dim}, d_ff = 2·d_model, {s.n_steps} AdamW steps (lr {s.lr}, batch {s.batch_size}, warmup + "
+      f"cosine), seeds {list(s.seeds)}; accuracy on {s.eval_batches}×64 held-out sequences (query positions "
+      "only). Delta-family rules use L2-normalised keys.",
+      "Tasks: " + "; ".join(f"{t.name}: {t.num_items} {'pairs' if t.hops == 1 else 'chains'} of {t.hops} hop(s)"
+                            for t in s.tasks) + ". Chance ≈ 1/(number of candidate values).",
+      "Equal parameters means equal L·d_model² (the block parameters scale as ≈ 8·L·d² + small terms); "
+      "embedding parameters (vocab × d) favour the wide model and are listed separately.",
+      f"Wall time {seconds:.0f} s.",
+  ]
+  metrics = {"/".join(map(str, k)): v["accuracy"] for k, v in results.items()}
+  metrics.update(wide_beats_deep=held, cells=cells, seconds=seconds)
+  return ExperimentResult(
+      summary=(f"wide-shallow ≥ narrow-deep in {held}/{cells} (task, rule) cells; "
+               + "; ".join(f"{row[0]}/{row[1]}: {row[2]} vs {row[3]}" for row in verdict_rows)),
+      tables=[Table("Accuracy at equal parameters (columns: shape, wide-shallow → narrow-deep)",
+                    ["task", "rule"] + shape_names, acc_rows),
+              Table("Shapes", ["shape", "heads H", "head width", "L·d²", "block params", "all params",
+                               "state floats per layer"], param_rows),
+              Table("Does wide-shallow beat narrow-deep?", ["task", "rule", "wide-shallow",
+                                                            "narrow-deep", "best shape", "holds"],
+                    verdict_rows)],
+      figures=[_plot(ctx, s, results, shape_names)], notes=notes, metrics=metrics)
+
+
+def _plot(ctx, s: Settings, results: dict, shape_names: list) -> str:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, len(s.tasks), figsize=(4.2 * len(s.tasks), 3.4), squeeze=False)
+  depths = [L for L, _ in s.shapes]
+  for ax, task in zip(axes[0], s.tasks, strict=True):
+    for rule in s.rules:
+      ax.plot(depths, [results[(task.name, rule, L, d)]["accuracy"] for L, d in s.shapes], "o-", label=rule)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(depths, shape_names, fontsize=7)
+    ax.minorticks_off()
+    ax.set_ylim(0, 1.02)
+    ax.set_title(task.name)
+    ax.set_xlabel("shape at equal L·d² (wide-shallow → narrow-deep)")
+    ax.set_ylabel("accuracy")
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  path = ctx.outdir / "depth_width.png"
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return str(path.relative_to(ctx.report_dir))
