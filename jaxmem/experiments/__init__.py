@@ -44,6 +44,16 @@ class RunContext:
   report_dir: pathlib.Path
   progress: bool = True
 
+  def save_figure(self, fig, filename: str, dpi: int = 110) -> str:
+    """Lays out, saves and closes a matplotlib figure in this experiment's folder; returns its
+    path relative to the report (what ``ExperimentResult.figures`` holds)."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    path = self.outdir / filename
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return str(path.relative_to(self.report_dir))
+
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:

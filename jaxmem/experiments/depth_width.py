@@ -210,8 +210,4 @@ def _plot(ctx, s: Settings, results: dict, shape_names: list) -> str:
     ax.set_xlabel("shape at equal L·d² (wide-shallow → narrow-deep)")
     ax.set_ylabel("accuracy")
     ax.legend(fontsize=7)
-  fig.tight_layout()
-  path = ctx.outdir / "depth_width.png"
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return str(path.relative_to(ctx.report_dir))
+  return ctx.save_figure(fig, "depth_width.png", dpi=110)

@@ -190,8 +190,4 @@ def _plot(ctx, curves, specs):
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.set_ylim(0, 0.6)
   axes[0][0].legend(fontsize=7)
-  fig.tight_layout()
-  path = ctx.outdir / "learning_curves.png"
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return str(path.relative_to(ctx.report_dir))
+  return ctx.save_figure(fig, "learning_curves.png", dpi=110)

@@ -76,8 +76,4 @@ def _plot_curves(ctx: RunContext, rows: list, unigram: float, bigram: float) -> 
   ax.set_ylabel("bits per byte")
   ax.set_title("Baseline Transformer LM, Tiny Shakespeare")
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  path = ctx.outdir / "learning_curve.png"
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return str(path.relative_to(ctx.report_dir))
+  return ctx.save_figure(fig, "learning_curve.png", dpi=120)

@@ -136,8 +136,4 @@ def _plot(ctx, results, s):
   ax.set_ylabel("MQAR accuracy")
   ax.set_ylim(0, 1.02)
   ax.legend(fontsize=7)
-  fig.tight_layout()
-  path = ctx.outdir / "accuracy_vs_state.png"
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return str(path.relative_to(ctx.report_dir))
+  return ctx.save_figure(fig, "accuracy_vs_state.png", dpi=110)

@@ -310,11 +310,7 @@ def _plot_capacity(ctx: RunContext, cs: CapacitySettings, curves: dict) -> str:
     ax.set_ylabel("mean 0.5‖v − S k‖² (floored at 1e-8)")
     ax.set_title(f"{r} (β=1), random unit keys")
     ax.legend(fontsize=7)
-  fig.tight_layout()
-  path = ctx.outdir / "capacity.png"
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return str(path.relative_to(ctx.report_dir))
+  return ctx.save_figure(fig, "capacity.png", dpi=120)
 
 
 # ----------------------------------------------------------------------------------------
@@ -475,11 +471,7 @@ def _plot_drift(ctx: RunContext, ds: DriftSettings, curves: dict) -> str:
     ax.set_title(title)
     ax.legend(fontsize=7)
   ax_e.set_ylabel("mean 0.5‖v − S k‖²")
-  fig.tight_layout()
-  path = ctx.outdir / "drift.png"
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return str(path.relative_to(ctx.report_dir))
+  return ctx.save_figure(fig, "drift.png", dpi=120)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1070,11 +1062,7 @@ def _plot_trained(ctx: RunContext, ts: TrainedSettings, trained: dict, curves: d
     ax.set_ylabel("loss 0.5‖y − ŷ‖²")
     ax.set_title(f"({'ab'[col]}) {setting}: trained keys vs published")
     ax.legend(fontsize=6)
-  fig.tight_layout()
-  path = ctx.outdir / "capacity_onehot_trained.png"
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return str(path.relative_to(ctx.report_dir))
+  return ctx.save_figure(fig, "capacity_onehot_trained.png", dpi=120)
 
 
 @register("assoc_capacity_onehot", paper=PAPER,
@@ -1240,8 +1228,4 @@ def _plot_onehot(ctx: RunContext, oh: OneHotSettings, curves: dict) -> str:
       ax.set_ylabel("mean 0.5‖y − g* ŷ‖² (best scalar g*)")
       ax.set_title(f"({'ab'[row]}) {setting} keys, {norm} normalisation")
       ax.legend(fontsize=7)
-  fig.tight_layout()
-  path = ctx.outdir / "capacity_onehot.png"
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return str(path.relative_to(ctx.report_dir))
+  return ctx.save_figure(fig, "capacity_onehot.png", dpi=120)

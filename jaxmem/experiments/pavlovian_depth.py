@@ -345,8 +345,4 @@ def _plot(ctx: RunContext, ps: PropagationSettings, grid: dict, n_of: dict) -> s
     ax.set_xticks(ratios, [f"{r:g}" for r in ratios])
     ax.minorticks_off()
   ax_m.legend(fontsize=7)
-  fig.tight_layout()
-  path = ctx.outdir / "error_propagation.png"
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return str(path.relative_to(ctx.report_dir))
+  return ctx.save_figure(fig, "error_propagation.png", dpi=120)
