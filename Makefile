@@ -1,5 +1,5 @@
 # Two commands set everything up on a fresh machine with Python 3.10+:
-#   make demo   -> .venv, install, `jaxmem reproduce --quick` (writes reports/quick/REPORT.md)
+#   make demo   -> .venv, install, `jaxmem reproduce --quick --only $(DEMO)` (reports/quick/REPORT.md)
 #   make test   -> .venv, install .[dev], the test suite
 # A second run reinstalls nothing unless pyproject.toml or constraints.txt changed.
 PYTHON ?= python3
@@ -27,8 +27,11 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
+# the quick experiments that take minutes; `make demo DEMO=` runs every registered one (hours on 2 cores)
+DEMO ?= lm_baseline,dnc_tasks,assoc_capacity,assoc_capacity_onehot,assoc_drift,assoc_error_propagation
+
 demo: $(VENV)/.installed
-	$(BIN)/jaxmem reproduce --quick --out reports/quick
+	$(BIN)/jaxmem reproduce --quick --out reports/quick $(if $(DEMO),--only $(DEMO),)
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
