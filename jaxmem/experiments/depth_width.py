@@ -37,10 +37,9 @@ from flax import nnx
 
 from jaxmem.data.batches import KeyedBatches
 from jaxmem.experiments import ExperimentResult, RunContext, Table, register
-from jaxmem.experiments.mqar import recall_loss
+from jaxmem.experiments.mqar import recall_accuracy, recall_train_config, train_recall, with_memory
 from jaxmem.models import TransformerConfig, TransformerLM, count_params
 from jaxmem.tasks.multiquery import mqar, multihop_recall
-from jaxmem.train import TrainConfig, TrainTask, train
 
 PAPER = "pavlovian"
 
@@ -80,12 +79,8 @@ def settings(quick: bool) -> Settings:
 def model_config(rule: str, L: int, d: int, s: Settings) -> TransformerConfig:
   if d % s.head_dim:
     raise ValueError(f"d_model={d} is not a multiple of head_dim={s.head_dim}.")
-  base = TransformerConfig(vocab_size=s.vocab_size, d_model=d, n_layers=L, n_heads=d // s.head_dim,
-                           d_ff=2 * d, max_len=s.seq_len, short_conv=s.short_conv)
-  if rule == "softmax":
-    return base
-  return dataclasses.replace(base, memory="assoc", assoc_rule=rule, assoc_mode="chunked", chunk_size=16,
-                             key_norm=rule in ("delta", "oja", "gated_delta"))
+  return with_memory(TransformerConfig(vocab_size=s.vocab_size, d_model=d, n_layers=L, n_heads=d // s.head_dim,
+                                       d_ff=2 * d, max_len=s.seq_len, short_conv=s.short_conv), rule)
 
 
 def stream(task: RecallTask, s: Settings, seed: int, batch_size: int) -> KeyedBatches:
@@ -100,10 +95,7 @@ def block_params(model: TransformerLM) -> int:
 
 
 def evaluate(model, task: RecallTask, s: Settings) -> float:
-  graphdef, state = nnx.split(model)
-  f = jax.jit(lambda st, b: recall_loss(nnx.merge(graphdef, st), b)[1]["accuracy"])
-  ev = stream(task, s, seed=1_000_000, batch_size=64)
-  return float(np.mean([float(f(state, ev.batch_at(i))) for i in range(s.eval_batches)]))
+  return recall_accuracy(model, stream(task, s, seed=1_000_000, batch_size=64), s.eval_batches)
 
 
 @register("assoc_depth_width", paper=PAPER,
@@ -115,9 +107,6 @@ def run(ctx: RunContext) -> ExperimentResult:
     for task in s.tasks:
       if L < task.hops:
         raise ValueError(f"shape with L={L} cannot chain {task.hops} hops; every shape needs L >= hops.")
-  cfg = TrainConfig(n_steps=s.n_steps, lr=s.lr, warmup_steps=min(100, s.n_steps // 10), weight_decay=0.0,
-                    grad_clip=1.0, ckpt_every=max(1, s.n_steps // 4), keep_checkpoints=1,
-                    log_every=max(1, s.n_steps // 40))
   results, t_all = {}, time.perf_counter()
   for task in s.tasks:
     for rule in s.rules:
@@ -126,15 +115,14 @@ def run(ctx: RunContext) -> ExperimentResult:
         for seed in s.seeds:
           t0 = time.perf_counter()
           mcfg = model_config(rule, L, d, s)
-          tcfg = dataclasses.replace(cfg, seed=seed)
-          tt = TrainTask(init_model=lambda rngs, c=mcfg: TransformerLM(c, rngs=rngs), loss_fn=recall_loss,
-                         train_iter=stream(task, s, seed, s.batch_size))
-          res = train(tt, tcfg, ctx.outdir / f"{task.hops}hop_{rule}_L{L}_d{d}_s{seed}", progress=ctx.progress)
-          accs.append(evaluate(res.model, task, s))
+          model = train_recall(mcfg, stream(task, s, seed, s.batch_size),
+                               recall_train_config(s.n_steps, s.lr, seed),
+                               ctx.outdir / f"{task.hops}hop_{rule}_L{L}_d{d}_s{seed}", ctx.progress)
+          accs.append(evaluate(model, task, s))
           secs.append(time.perf_counter() - t0)
         results[(task.name, rule, L, d)] = {
             "accuracy": float(np.mean(accs)), "accuracies": accs, "seconds": float(np.sum(secs)),
-            "block_params": block_params(res.model), "params": count_params(res.model),
+            "block_params": block_params(model), "params": count_params(model),
             "heads": mcfg.n_heads,
             "state_floats_per_layer": 0 if rule == "softmax" else mcfg.n_heads * mcfg.head_dim ** 2}
   seconds = time.perf_counter() - t_all

@@ -55,10 +55,37 @@ def model_config(name: str, width: int, s: dict) -> TransformerConfig:
   base = TransformerConfig(vocab_size=s["vocab_size"], d_model=width, n_layers=s["n_layers"],
                            n_heads=s["n_heads"], d_ff=2 * width, max_len=s["seq_len"],
                            short_conv=s.get("short_conv", 0))
+  return with_memory(base, name)
+
+
+def with_memory(base: TransformerConfig, name: str) -> TransformerConfig:
+  """``base`` with softmax attention (``name="softmax"``) or a conditioning circuit of rule ``name``
+  (chunked, chunk 16; L2-normalised keys for the erasing rules delta / oja / gated_delta)."""
   if name == "softmax":
     return base
   return dataclasses.replace(base, memory="assoc", assoc_rule=name, assoc_mode="chunked", chunk_size=16,
                              key_norm=name in ("delta", "oja", "gated_delta"))
+
+
+def recall_train_config(n_steps: int, lr: float, seed: int = 0) -> TrainConfig:
+  """AdamW with warmup + cosine, no weight decay, clipping at 1, four checkpoints (the last kept)."""
+  return TrainConfig(n_steps=n_steps, lr=lr, warmup_steps=min(100, n_steps // 10), weight_decay=0.0,
+                     grad_clip=1.0, ckpt_every=max(1, n_steps // 4), keep_checkpoints=1,
+                     log_every=max(1, n_steps // 40), seed=seed)
+
+
+def train_recall(mcfg: TransformerConfig, stream, cfg: TrainConfig, workdir, progress: bool) -> TransformerLM:
+  """Trains (or resumes) a :class:`TransformerLM` on a recall stream with :func:`recall_loss`."""
+  task = TrainTask(init_model=lambda rngs: TransformerLM(mcfg, rngs=rngs), loss_fn=recall_loss,
+                   train_iter=stream)
+  return train(task, cfg, workdir, progress=progress).model
+
+
+def recall_accuracy(model, stream, n_batches: int) -> float:
+  """Mean query-position accuracy over the first ``n_batches`` batches of ``stream``."""
+  graphdef, state = nnx.split(model)
+  f = jax.jit(lambda st, b: recall_loss(nnx.merge(graphdef, st), b)[1]["accuracy"])
+  return float(np.mean([float(f(state, stream.batch_at(i))) for i in range(n_batches)]))
 
 
 def state_floats(cfg: TransformerConfig, seq_len: int) -> int:
@@ -71,18 +98,14 @@ def state_floats(cfg: TransformerConfig, seq_len: int) -> int:
 def accuracy(model, s: dict, seed: int) -> float:
   stream = MQARStream(seed, batch_size=64, vocab_size=s["vocab_size"], seq_len=s["seq_len"],
                       num_kv_pairs=s["num_kv_pairs"])
-  graphdef, state = nnx.split(model)
-  f = jax.jit(lambda st, b: recall_loss(nnx.merge(graphdef, st), b)[1]["accuracy"])
-  return float(np.mean([float(f(state, stream.batch_at(i))) for i in range(s["eval_batches"])]))
+  return recall_accuracy(model, stream, s["eval_batches"])
 
 
 @register("mqar", paper="pavlovian",
           description="MQAR (Zoology) accuracy vs width: softmax attention vs each associative rule.")
 def run(ctx: RunContext) -> ExperimentResult:
   s = settings(ctx.quick)
-  cfg = TrainConfig(n_steps=s["n_steps"], lr=s["lr"], warmup_steps=min(100, s["n_steps"] // 10),
-                    weight_decay=0.0, grad_clip=1.0, ckpt_every=max(1, s["n_steps"] // 4),
-                    keep_checkpoints=1, log_every=max(1, s["n_steps"] // 40))
+  cfg = recall_train_config(s["n_steps"], s["lr"])
   results = {}
   for width in s["widths"]:
     for name in MODELS:
@@ -90,10 +113,8 @@ def run(ctx: RunContext) -> ExperimentResult:
       mcfg = model_config(name, width, s)
       stream = MQARStream(0, batch_size=s["batch_size"], vocab_size=s["vocab_size"], seq_len=s["seq_len"],
                           num_kv_pairs=s["num_kv_pairs"])
-      task = TrainTask(init_model=lambda rngs, c=mcfg: TransformerLM(c, rngs=rngs), loss_fn=recall_loss,
-                       train_iter=stream)
-      res = train(task, cfg, ctx.outdir / f"{name}_d{width}", progress=ctx.progress)
-      results[(name, width)] = {"accuracy": accuracy(res.model, s, seed=1_000_000),
+      model = train_recall(mcfg, stream, cfg, ctx.outdir / f"{name}_d{width}", ctx.progress)
+      results[(name, width)] = {"accuracy": accuracy(model, s, seed=1_000_000),
                                 "state_floats": state_floats(mcfg, s["seq_len"]),
                                 "seconds": time.perf_counter() - t0}
   rows = [[name] + [f"{results[(name, w)]['accuracy']:.3f} ({results[(name, w)]['state_floats']:,})"

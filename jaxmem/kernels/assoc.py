@@ -130,6 +130,11 @@ _NORM_EPS = 1e-6
 _STABILITY_SLACK = 1e-4
 
 
+def l2_normalize(x: jax.Array) -> jax.Array:
+  """``x / ‖x‖₂`` over the last axis (``+ 1e-6`` under the root): the ``normalize_keys`` guard."""
+  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + _NORM_EPS)
+
+
 def _acc_dtype(*xs) -> Any:
   return jnp.promote_types(jnp.result_type(*xs), jnp.float32)
 
@@ -464,7 +469,7 @@ def _forward(q, k, v, beta, logg, S0, *, rule, mode, chunk_size, normalize_keys)
   q, k, v, beta, S0 = (x.astype(acc) for x in (q, k, v, beta, S0))
   logg = logg.astype(acc) if logg is not None else None
   if normalize_keys:
-    k = k * jax.lax.rsqrt(jnp.sum(k * k, axis=-1, keepdims=True) + _NORM_EPS)
+    k = l2_normalize(k)
   if mode == "auto":
     return _auto(rule, auto_forward_mode(), chunk_size, q, k, v, beta, logg, S0)
   return _run(rule, mode, chunk_size, q, k, v, beta, logg, S0)
@@ -652,7 +657,7 @@ def step(state, q_t, k_t, v_t, beta_t=None, decay_t=None, *, rule: str, normaliz
   acc = jnp.promote_types(_acc_dtype(q_t, k_t, v_t), state.dtype)
   q, k, v = (x.astype(acc) for x in (q_t, k_t, v_t))
   if normalize_keys:
-    k = k * jax.lax.rsqrt(jnp.sum(k * k, axis=-1, keepdims=True) + _NORM_EPS)
+    k = l2_normalize(k)
   b = jnp.broadcast_to(jnp.asarray(1.0 if beta_t is None else beta_t, acc), (B, H))
   g = jnp.broadcast_to(jnp.asarray(1.0 if decay_t is None else decay_t, acc), (B, H))
   update = jax.vmap(jax.vmap(functools.partial(_update, rule)))
@@ -663,5 +668,5 @@ def step(state, q_t, k_t, v_t, beta_t=None, decay_t=None, *, rule: str, normaliz
 
 __all__ = [
     "MODES", "RULES", "associative_memory", "auto_forward_mode",
-    "chunked_head", "init_state", "parallel_head", "recurrent_head", "step",
+    "chunked_head", "init_state", "l2_normalize", "parallel_head", "recurrent_head", "step",
 ]

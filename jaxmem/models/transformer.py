@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxmem._checks import check_config_ints, check_rank
-from jaxmem.kernels.assoc import associative_memory
+from jaxmem._checks import check_config_ints, check_positive_int, check_rank
+from jaxmem.kernels.assoc import associative_memory, l2_normalize
 from jaxmem.kernels.attention import softmax_attention
 from jaxmem.kernels.sdnc import sdnc_attention, sdnc_hybrid_attention
 
@@ -191,11 +191,10 @@ class MultiHeadAttention(nnx.Module):
     if cfg.feature_map == "elu1":
       q, k = jax.nn.elu(q) + 1.0, jax.nn.elu(k) + 1.0
     if cfg.key_norm:
-      unit = lambda a: a * jax.lax.rsqrt(jnp.sum(a * a, axis=-1, keepdims=True) + 1e-6)
       if cfg.assoc_rule == "oja":
-        v = unit(v)
+        v = l2_normalize(v)
       else:
-        k = unit(k)
+        k = l2_normalize(k)
     beta = None if self.beta is None else jax.nn.sigmoid(self.beta(x_BTD).astype(jnp.float32))
     decay = None if self.decay is None else jax.nn.sigmoid(self.decay(x_BTD).astype(jnp.float32))
     return associative_memory(q, k, v, beta, rule=cfg.assoc_rule, mode=cfg.assoc_mode,
@@ -212,6 +211,8 @@ class ShortConv(nnx.Module):
 
   def __init__(self, width: int, channels: int, *, rngs: nnx.Rngs):
     del rngs
+    check_positive_int("width", width)
+    check_positive_int("channels", channels)
     self.width = width
     self.kernel = nnx.Param(jnp.zeros((width, channels), jnp.float32).at[0].set(1.0))
 

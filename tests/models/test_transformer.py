@@ -140,3 +140,10 @@ def test_short_conv_model_is_causal_by_gradient(memory):
 def test_short_conv_must_be_non_negative():
   with pytest.raises(ValueError, match="short_conv"):
     TransformerConfig(short_conv=-1)
+
+
+@pytest.mark.parametrize("width,channels,match", [(0, 4, "width"), (3, 0, "channels")])
+def test_short_conv_module_rejects_bad_sizes(width, channels, match):
+  from jaxmem.models.transformer import ShortConv
+  with pytest.raises(ValueError, match=match):
+    ShortConv(width, channels, rngs=nnx.Rngs(0))
