@@ -76,6 +76,9 @@ def _parse_value(raw: str, current: Any, field: str) -> Any:
       raise ValueError(f"`--config.{field}` expects a float, got {raw!r}.") from None
   if isinstance(current, str):
     return raw
+  words = {"true": True, "false": False, "none": None}
+  if current is None and raw.lower() in words:  # an optional field (e.g. key_norm=None): bool or None
+    return words[raw.lower()]
   try:  # None, tuples, lists: Python literal syntax
     return ast.literal_eval(raw)
   except (ValueError, SyntaxError):

@@ -14,6 +14,7 @@ BENCHES = {
     "attention": "jaxmem.bench.attention:bench_attention",
     "dnc": "jaxmem.bench.dnc:bench_dnc",
     "assoc": "jaxmem.bench.assoc:bench_assoc",
+    "precision": "jaxmem.bench.precision:bench_precision",
 }
 
 

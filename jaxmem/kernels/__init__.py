@@ -5,9 +5,13 @@
 * :mod:`~jaxmem.kernels.dnc` — the full DNC memory access (Graves et al. 2016).
 * :mod:`~jaxmem.kernels.assoc` — associative matrix memories (Hebb, delta, Oja, decay,
   gated delta) in recurrent, parallel and chunked forms.
+* :mod:`~jaxmem.kernels.segsum` — segment sums of log-decays (decay masks without
+  subtracting cumulative sums).
+* :mod:`~jaxmem.kernels.precision` — matmul precision, and its CPU emulation of bf16 / TF32
+  platforms.
 """
 
-from jaxmem.kernels import assoc, attention, dnc, sdnc
+from jaxmem.kernels import assoc, attention, dnc, precision, sdnc, segsum
 from jaxmem.kernels.assoc import associative_memory
 from jaxmem.kernels.attention import softmax_attention
 from jaxmem.kernels.dnc import DNCInterface, DNCState, dnc_init, dnc_scan, dnc_step, parse_interface
@@ -15,6 +19,6 @@ from jaxmem.kernels.sdnc import sdnc_attention, sdnc_cross_attention
 
 __all__ = [
     "DNCInterface", "DNCState", "assoc", "associative_memory", "attention", "dnc", "dnc_init",
-    "dnc_scan", "dnc_step", "parse_interface", "sdnc", "sdnc_attention", "sdnc_cross_attention",
-    "softmax_attention",
+    "dnc_scan", "dnc_step", "parse_interface", "precision", "sdnc", "sdnc_attention",
+    "sdnc_cross_attention", "segsum", "softmax_attention",
 ]

@@ -14,6 +14,11 @@ Logits, the softmax and the weighted sum accumulate in float32 (float64 for floa
 inputs); the output has the
 dtype of ``v``.
 
+Precision: ``precision=`` is passed to both matmuls (:mod:`jaxmem.kernels.precision`).
+The default ``None`` is the platform's default, as in every mainstream attention kernel:
+bfloat16 operands on TPU, TF32 on recent GPUs (logits then carry ~1e-2 / ~1e-3 relative
+error); pass ``"highest"`` for float32 operands everywhere.
+
 Invariant tested (tests/kernels/test_attention.py): equals ``jax.nn.dot_product_attention``
 and an independent numpy loop, values and gradients, on odd ``T`` and ``D``, for self-
 and cross-attention.
@@ -21,16 +26,18 @@ and cross-attention.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 
 from jaxmem._checks import check_equal, check_finite_number, check_rank
+from jaxmem.kernels.precision import Matmul, matmul_for
 
 # Large negative *finite* logit for masked slots: exp underflows to exactly 0 while a
 # fully masked row stays finite (uniform weights) instead of becoming NaN.
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+_PLATFORM_DEFAULT = Matmul(None)
 
 
 def attention_head(
@@ -40,10 +47,11 @@ def attention_head(
     *,
     causal: bool,
     scale: float,
+    dot: Matmul = _PLATFORM_DEFAULT,
 ) -> jax.Array:
   """One head of softmax attention on ``q [T, D]``, ``k [S, D]``, ``v [S, E]`` -> ``[T, E]``."""
   acc = jnp.promote_types(jnp.result_type(q_TD, k_SD, v_SE), jnp.float32)  # >= float32
-  logits_TS = jnp.einsum(
+  logits_TS = dot.einsum(
       "td,sd->ts", q_TD, k_SD, preferred_element_type=acc
   ) * jnp.asarray(scale, acc)
   if causal:
@@ -51,7 +59,7 @@ def attention_head(
     s_idx = jnp.arange(k_SD.shape[0])[None, :]
     logits_TS = jnp.where(s_idx <= t_idx, logits_TS, MASK_VALUE)
   weights_TS = jax.nn.softmax(logits_TS, axis=-1)
-  out_TE = jnp.einsum(
+  out_TE = dot.einsum(
       "ts,se->te", weights_TS, v_SE.astype(acc), preferred_element_type=acc,
   )
   return out_TE.astype(v_SE.dtype)
@@ -76,6 +84,7 @@ def softmax_attention(
     *,
     causal: bool = True,
     scale: Optional[float] = None,
+    precision: Any = None,
 ) -> jax.Array:
   """Multi-head softmax attention.
 
@@ -86,14 +95,16 @@ def softmax_attention(
     v: values ``[B, S, H, E]``; the value width ``E`` may differ from ``D``.
     causal: if True, query ``t`` sees keys ``0..t`` only (requires ``S == T``).
     scale: logit scale; ``1/sqrt(D)`` when None.
+    precision: matmul precision (:mod:`jaxmem.kernels.precision`); None: platform default.
 
   Returns:
     ``[B, T, H, E]`` in the dtype of ``v``.
 
   Raises:
     ValueError: on wrong ranks, mismatched batch/heads/feature/length sizes, a causal
-      call with ``S != T``, or a non-finite ``scale``.
+      call with ``S != T``, a non-finite ``scale``, or an unknown ``precision``.
   """
+  dot = matmul_for(precision)
   _, T, _, D, S = check_qkv(q, k, v)
   if causal and S != T:
     raise ValueError(
@@ -102,6 +113,6 @@ def softmax_attention(
     )
   scale = D ** -0.5 if scale is None else check_finite_number("scale", scale)
 
-  head = lambda q_, k_, v_: attention_head(q_, k_, v_, causal=causal, scale=scale)
+  head = lambda q_, k_, v_: attention_head(q_, k_, v_, causal=causal, scale=scale, dot=dot)
   over_heads = jax.vmap(head, in_axes=1, out_axes=1)  # [T, H, D] -> [T, H, E]
   return jax.vmap(over_heads)(q, k, v)  # over batch

@@ -26,10 +26,24 @@ implementations disagree on them:
 Interface values must already be in range (strengths ≥ 1, gates and erase in [0, 1],
 modes on the simplex): :func:`parse_interface` maps a raw controller vector there with the
 paper's oneplus / sigmoid / softmax, and :func:`check_interface` validates a hand-built one.
+:func:`check_state` validates a :class:`DNCState` (shapes of the fields against each other,
+and that every value is finite, naming the field and the first bad index) to find where a
+NaN came from. Both check shapes always and values only for concrete arrays: under ``jit``
+(traced values) the value checks are skipped. A non-finite usage makes every allocation
+weight NaN (the sort order is undefined), so it propagates instead of hiding.
+
+dtypes: :func:`dnc_step` computes in ``promote_types(dtype, float32)`` of all its inputs
+(bfloat16 / float16 -> float32, float64 stays float64) and returns each state field in its
+own dtype (a ``lax.scan`` carry keeps its type) and the reads in the memory's dtype; so a
+bfloat16 state only rounds what it stores, and float32 is computed exactly as before. A
+bfloat16 usage ties slots whose usages differ by less than its spacing (2^-8 near 1), and the
+allocation may then pick another slot than float32 would; fields may differ in dtype, so keep
+``usage`` float32 where that matters.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -100,16 +114,41 @@ def parse_interface(xi: jax.Array, word_size: int, num_reads: int) -> DNCInterfa
   )
 
 
+def _first_non_finite(x):
+  """Index (a tuple) of the first non-finite entry of a concrete array, or None."""
+  bad = ~np.isfinite(np.asarray(x, np.float64))
+  return tuple(int(i) for i in np.argwhere(bad)[0]) if bad.any() else None
+
+
+def _is_traced(xs):
+  return any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+def _check_fields(prefix, fields, want, sizes, check_values, non_finite) -> bool:
+  """Shapes of a NamedTuple's fields against ``want``; then, for concrete values, finiteness.
+
+  Returns whether the values were checked (False under ``jit`` or with ``check_values=False``).
+  """
+  for name, shape, x in zip(type(want)._fields, want, fields, strict=True):
+    if tuple(jnp.shape(x)) != shape:
+      raise ValueError(f"{prefix}.{name} must have shape {list(shape)} ({sizes}), got {list(jnp.shape(x))}.")
+  if not check_values or _is_traced(fields):
+    return False
+  for name, x in zip(type(want)._fields, fields, strict=True):
+    idx = _first_non_finite(x)
+    if idx is not None:
+      raise ValueError(f"{prefix}.{name} {non_finite} at index {idx}.")
+  return True
+
+
 def check_interface(interface: DNCInterface, state: DNCState, *, check_values: bool = True) -> None:
-  """ValueError on wrong shapes; with concrete (non-traced) arrays, also on out-of-range values."""
+  """ValueError on wrong shapes; with concrete (non-traced) arrays, also on non-finite (first,
+  naming the field and index) or out-of-range values. Under ``jit`` the value checks are skipped."""
   N, W = state.memory.shape
   R = state.read_weights.shape[0]
   want = DNCInterface((R, W), (R,), (W,), (), (W,), (W,), (R,), (), (), (R, 3))
-  for name, shape, x in zip(DNCInterface._fields, want, interface, strict=True):
-    if tuple(jnp.shape(x)) != shape:
-      raise ValueError(f"interface.{name} must have shape {list(shape)} (N={N}, W={W}, R={R}), "
-                       f"got {list(jnp.shape(x))}.")
-  if not check_values or any(isinstance(x, jax.core.Tracer) for x in interface):
+  if not _check_fields("interface", interface, want, f"N={N}, W={W}, R={R}", check_values,
+                       "must be finite, got a non-finite value"):
     return
   def bad(name, cond, what):
     if not bool(np.all(np.asarray(cond))):
@@ -123,8 +162,24 @@ def check_interface(interface: DNCInterface, state: DNCState, *, check_values: b
   m = interface.read_modes
   on_simplex = (m >= 0) & (jnp.abs(m.sum(-1) - 1) < 1e-4)[..., None]
   bad("read_modes", on_simplex, "on the simplex (rows >= 0 summing to 1)")
-  for name, x in zip(DNCInterface._fields, interface, strict=True):
-    bad(name, jnp.isfinite(x), "finite")
+
+
+def check_state(state: DNCState, *, check_values: bool = True) -> None:
+  """ValueError unless the fields' shapes agree: memory ``[N, W]``, usage ``[N]``, link
+  ``[N, N]``, precedence ``[N]``, read_weights ``[R, N]``, write_weights ``[N]``; with concrete
+  (non-traced) arrays and ``check_values``, also unless every value is finite, naming the field
+  and the first bad index. Under ``jit`` (traced values) only the shapes are checked."""
+  shape = lambda x: tuple(jnp.shape(x))
+  if len(shape(state.memory)) != 2:
+    raise ValueError(f"state.memory must have shape [N, W], got {list(shape(state.memory))}.")
+  N, W = shape(state.memory)
+  rw = shape(state.read_weights)
+  if len(rw) != 2 or rw[1] != N:
+    raise ValueError(f"state.read_weights must have shape [R, N] with N={N} (memory [N, W]={[N, W]}), "
+                     f"got {list(rw)}.")
+  R = rw[0]
+  want = DNCState((N, W), (N,), (N, N), (N,), (R, N), (N,))
+  _check_fields("state", state, want, f"N={N}, W={W}, R={R}", check_values, "has a non-finite value")
 
 
 def content_weights(memory_NW, keys_KW, strengths_K):
@@ -149,8 +204,11 @@ def allocation_weights(usage_N):
   or (``u_i == u_j`` and ``i < j``), so ``rank_j = #{i : i precedes j}`` from an
   ``[N, N]`` comparison, and ``φ`` is its inverse. Then the exclusive cumulative product
   runs in sorted order and is gathered back by rank. Same values and gradients as
-  :func:`allocation_weights_sorted` (tested equal); XLA's sort otherwise dominates the
-  DNC step on CPU.
+  :func:`allocation_weights_sorted` for finite usage (tested equal); XLA's sort otherwise
+  dominates the DNC step on CPU. A non-finite usage (NaN, ±inf) has no order (comparisons
+  with NaN are all false, so ranks would collide and the result could look finite): every
+  entry is then NaN. The guard selects between finite values and a constant, so it changes
+  neither values nor gradients of finite usage.
   """
   u = usage_N
   n = u.shape[0]
@@ -162,7 +220,8 @@ def allocation_weights(usage_N):
   phi = jnp.zeros((n,), idx.dtype).at[rank].set(idx)
   u_sorted = u[phi]
   exclusive = jnp.concatenate([jnp.ones((1,), u.dtype), jnp.cumprod(u_sorted)[:-1]])
-  return ((1.0 - u_sorted) * exclusive)[rank]
+  alloc = ((1.0 - u_sorted) * exclusive)[rank]
+  return jnp.where(jnp.all(jnp.isfinite(u_ng)), alloc, jnp.nan)
 
 
 def allocation_weights_sorted(usage_N):
@@ -182,23 +241,40 @@ def update_link(link_NN, precedence_N, write_weights_N):
   return link, precedence
 
 
+def _out_dtype(x, compute_dtype):
+  """A field's own (canonical) dtype; a non-float field (nonsense, but accepted) keeps the compute dtype."""
+  dtype = jnp.result_type(x)
+  return dtype if jnp.issubdtype(dtype, jnp.inexact) else compute_dtype
+
+
 def dnc_step(state: DNCState, interface: DNCInterface) -> tuple[DNCState, jax.Array]:
-  """One DNC memory step for one example: ``(state, interface) -> (state, reads [R, W])``."""
+  """One DNC memory step for one example: ``(state, interface) -> (state, reads [R, W])``.
+
+  Computes in ``promote_types(dtype, float32)`` over every state field and interface value
+  (usage, the allocation's cumulative product, the softmaxes, the link update), then returns
+  each state field in its own dtype and the reads in the memory's dtype.
+  """
+  check_state(state, check_values=False)
   check_interface(interface, state, check_values=False)
-  it = interface
-  usage = update_usage(state.usage, state.write_weights, it.free_gates, state.read_weights)
-  write_content = content_weights(state.memory, it.write_key[None], it.write_strength[None])[0]
+  dtype = functools.reduce(jnp.promote_types, (jnp.result_type(x) for x in (*state, *interface)),
+                           jnp.dtype(jnp.float32))
+  s = DNCState(*(jnp.asarray(x, dtype) for x in state))
+  it = DNCInterface(*(jnp.asarray(x, dtype) for x in interface))
+  usage = update_usage(s.usage, s.write_weights, it.free_gates, s.read_weights)
+  write_content = content_weights(s.memory, it.write_key[None], it.write_strength[None])[0]
   alloc = allocation_weights(usage)
   ww = it.write_gate * (it.allocation_gate * alloc + (1.0 - it.allocation_gate) * write_content)
-  memory = state.memory * (1.0 - jnp.outer(ww, it.erase_vector)) + jnp.outer(ww, it.write_vector)
-  link, precedence = update_link(state.link, state.precedence, ww)
-  forward = state.read_weights @ link.T     # f_i = L w_i
-  backward = state.read_weights @ link      # b_i = Lᵀ w_i
+  memory = s.memory * (1.0 - jnp.outer(ww, it.erase_vector)) + jnp.outer(ww, it.write_vector)
+  link, precedence = update_link(s.link, s.precedence, ww)
+  forward = s.read_weights @ link.T     # f_i = L w_i
+  backward = s.read_weights @ link      # b_i = Lᵀ w_i
   content = content_weights(memory, it.read_keys, it.read_strengths)
   m = it.read_modes
   rw = m[:, 0:1] * backward + m[:, 1:2] * content + m[:, 2:3] * forward
   reads = rw @ memory
-  return DNCState(memory, usage, link, precedence, rw, ww), reads
+  new = DNCState(memory, usage, link, precedence, rw, ww)
+  new = DNCState(*(x.astype(_out_dtype(old, dtype)) for x, old in zip(new, state, strict=True)))
+  return new, reads.astype(_out_dtype(state.memory, dtype))
 
 
 def dnc_scan(state: DNCState, interfaces: DNCInterface, *, remat: bool = True):

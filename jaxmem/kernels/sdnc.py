@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from jaxmem._checks import check_finite_number
 from jaxmem.kernels.attention import MASK_VALUE, check_qkv
+from jaxmem.kernels.segsum import segsum
 
 
 def _content_read(K_SD, V_SE, written_S, q_D, scale):
@@ -141,9 +142,10 @@ def hybrid_head(q_TD, k_TD, v_TE, write_TL, erase_TL, modes_T3, *, scale):
   if write_TL is not None:
     logits = logits + _log_sigmoid(write_TL)[None, :]
   if erase_TL is not None:
-    cum = jnp.cumsum(_log_sigmoid(erase_TL))  # F_t = Σ_{τ<=t} log f_τ
-    # apply the causal mask before using the difference (it is only <= 0 for s <= t)
-    logits = logits + jnp.where(jnp.tril(jnp.ones((T, T), bool)), cum[:, None] - cum[None, :], 0.0)
+    # slot s at step t carries Π_{s<τ≤t} f_τ: the segment sum Σ_{s<τ≤t} log f_τ, summed
+    # directly (never F_t − F_s of two cumulative sums, which loses eps·|F| over long
+    # sequences and gives −inf − (−inf) for f = 0); 0 above the diagonal (masked below)
+    logits = logits + segsum(_log_sigmoid(erase_TL), fill=0.0)
   causal = jnp.tril(jnp.ones((T, T), bool))
   w = jax.nn.softmax(jnp.where(causal, logits, MASK_VALUE), axis=-1)
   v = v_TE.astype(acc)

@@ -46,13 +46,21 @@ class TransformerConfig:
       :func:`jaxmem.kernels.assoc.associative_memory`; "hebb" is linear attention).
     assoc_rule: "hebb", "delta", "oja", "decay" or "gated_delta" (memory="assoc").
       Write strengths β_t = σ(W_β x_t) for delta/oja/gated_delta (1 for hebb/decay),
-      decays γ_t = σ(W_γ x_t) for decay/gated_delta.
+      decays γ_t = σ(W_γ x_t) for decay/gated_delta, passed to the kernel in log space
+      (``log_sigmoid``), so decays that underflow to 0 stay finite in values and gradients.
     feature_map: key/query feature map for memory="assoc": "identity" or "elu1"
       (ELU + 1, Katharopoulos et al. 2020).
     key_norm: L2-normalise the vector the update erases along (keys; values for oja), so
-      that β‖k‖² ≤ 1 and the delta/Oja recurrences cannot diverge. Recommended for them.
+      that β‖k‖² < 1 and the delta/Oja recurrences cannot diverge whatever the weights.
+      None (default) means on for the erasing rules "delta", "oja", "gated_delta" and off
+      for "hebb"/"decay"; False is the raw rule (opt-out: with large weights the state can
+      then grow geometrically, which under ``jit`` no check can catch — the training loop
+      stops on the first non-finite loss).
     assoc_mode: execution form for memory="assoc" ("auto", "recurrent", "chunked",
       "parallel"); chunk_size: its chunk length.
+    assoc_precision: matmul precision of the memory kernel (memory="assoc"):
+      "highest" (float32 operands on every platform, the default) or a faster one such as
+      "default" (bf16 passes on TPU, TF32 on GPU); see :mod:`jaxmem.kernels.precision`.
     write_gate: hybrid (a), selective write: a learned per-head gate on each written slot.
     erase: hybrid (b), differentiable erase: a learned per-head retention applied to all
       written slots at each step.
@@ -88,10 +96,11 @@ class TransformerConfig:
   positions: str = "learned"
   assoc_rule: str = "hebb"
   feature_map: str = "identity"
-  key_norm: bool = False
+  key_norm: Optional[bool] = None
   assoc_mode: str = "auto"
   chunk_size: int = 64
   short_conv: int = 0
+  assoc_precision: str = "highest"
 
   def __post_init__(self):
     check_config_ints(self, ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "chunk_size"))
@@ -110,6 +119,12 @@ class TransformerConfig:
       raise ValueError(f"TransformerConfig.assoc_rule must be one of {list(RULES)}, got {self.assoc_rule!r}.")
     if self.assoc_mode not in MODES:
       raise ValueError(f"TransformerConfig.assoc_mode must be one of {list(MODES)}, got {self.assoc_mode!r}.")
+    from jaxmem.kernels.precision import PRECISIONS
+    if self.assoc_precision not in PRECISIONS:
+      raise ValueError(f"TransformerConfig.assoc_precision must be one of {list(PRECISIONS)}, "
+                       f"got {self.assoc_precision!r}.")
+    if self.key_norm is not None and not isinstance(self.key_norm, bool):
+      raise ValueError(f"TransformerConfig.key_norm must be None, True or False, got {self.key_norm!r}.")
     if self.feature_map not in ("identity", "elu1"):
       raise ValueError(f"TransformerConfig.feature_map must be 'identity' or 'elu1', got {self.feature_map!r}.")
     if self.positions not in ("learned", "sinusoidal", "none"):
@@ -121,6 +136,14 @@ class TransformerConfig:
   @property
   def hybrid(self) -> bool:
     return self.write_gate or self.erase or self.link_reads
+
+  @property
+  def normalizes_erase(self) -> bool:
+    """Whether the conditioning circuit L2-normalises its erase vector (``key_norm`` resolved)."""
+    if self.key_norm is not None:
+      return self.key_norm
+    from jaxmem.kernels.assoc import ERASE_RULES
+    return self.assoc_rule in ERASE_RULES
 
   @property
   def head_dim(self) -> int:
@@ -190,15 +213,17 @@ class MultiHeadAttention(nnx.Module):
     cfg = self.cfg
     if cfg.feature_map == "elu1":
       q, k = jax.nn.elu(q) + 1.0, jax.nn.elu(k) + 1.0
-    if cfg.key_norm:
+    if cfg.normalizes_erase:
       if cfg.assoc_rule == "oja":
         v = l2_normalize(v)
       else:
         k = l2_normalize(k)
     beta = None if self.beta is None else jax.nn.sigmoid(self.beta(x_BTD).astype(jnp.float32))
-    decay = None if self.decay is None else jax.nn.sigmoid(self.decay(x_BTD).astype(jnp.float32))
+    # log γ = log σ(z): finite for every finite z (σ(z) itself underflows to 0 below z ≈ −88)
+    log_decay = None if self.decay is None else jax.nn.log_sigmoid(self.decay(x_BTD).astype(jnp.float32))
     return associative_memory(q, k, v, beta, rule=cfg.assoc_rule, mode=cfg.assoc_mode,
-                              chunk_size=cfg.chunk_size, decay=decay)
+                              chunk_size=cfg.chunk_size, log_decay=log_decay,
+                              precision=cfg.assoc_precision)
 
 
 class ShortConv(nnx.Module):

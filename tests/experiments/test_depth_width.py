@@ -1,7 +1,10 @@
 """The depth-vs-width experiment runs end to end at tiny size; shapes and guards are right."""
 
 import dataclasses
+import json
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jaxmem.cli import main
@@ -16,12 +19,43 @@ def tiny(quick):
 
 def test_depth_width_experiment_tiny(tmp_path, monkeypatch):
   monkeypatch.setattr(exp, "settings", tiny)
+  trained, train_recall = {}, exp.train_recall
+
+  def keep(mcfg, stream, cfg, workdir, progress):   # the trained models, to re-evaluate some here
+    trained[workdir.name] = model = train_recall(mcfg, stream, cfg, workdir, progress)
+    return model
+
+  monkeypatch.setattr(exp, "train_recall", keep)
   out = tmp_path / "r"
   assert main(["reproduce", "--quick", "--only", "assoc_depth_width", "--out", str(out), "--no_progress"]) == 0
   report = (out / "REPORT.md").read_text()
   assert "| assoc_depth_width | ok |" in report
   assert "| 2-hop recall | delta |" in report and "| L=2, d=16 | 2 | 8 |" in report
   assert (out / "assoc_depth_width" / "depth_width.png").exists()
+
+  # independent of the experiment's summary: the per-seed accuracies it stored, checked against the trained
+  # weights (seed 0, numpy argmax at query positions), and the mean / verdict / seed wins recomputed from them
+  s = tiny(True)
+  task = s.tasks[0]
+  runs = json.loads((out / "assoc_depth_width" / "results.json").read_text())
+  accs = {(L, d): runs[f"{task.name}/delta/{L}/{d}"]["accuracies"] for L, d in s.shapes}
+  assert sorted(trained) == sorted(f"2hop_delta_L{L}_d{d}_s{seed}" for L, d in s.shapes for seed in s.seeds)
+  held_out = exp.stream(task, s, seed=1_000_000, batch_size=64).batch_at(0)
+  b = {k: np.asarray(v) for k, v in held_out.items()}
+  for L, d in s.shapes:
+    logits = np.asarray(trained[f"2hop_delta_L{L}_d{d}_s0"](jnp.asarray(b["inputs"])))
+    ours = float(((logits.argmax(-1) == b["targets"]) & (b["mask"] > 0)).sum() / (b["mask"] > 0).sum())
+    assert abs(accs[(L, d)][0] - ours) < 1e-6, ((L, d), accs[(L, d)][0], ours)
+  wide, deep = (float(np.mean(accs[shape])) for shape in (s.shapes[0], s.shapes[-1]))
+  wins = sum(x > y for x, y in zip(accs[s.shapes[0]], accs[s.shapes[-1]], strict=True))
+  means = [np.mean(accs[shape]) for shape in s.shapes]
+  best = "L={}, d={}".format(*s.shapes[int(np.argmax(means))])
+  assert (f"| 2-hop recall | delta | {wide:.3f} | {deep:.3f} | {wins}/{len(s.seeds)} | {best} | "
+          f"{'yes' if wide >= deep else 'NO'} |") in report
+  metrics = json.loads((out / "results.json").read_text())["assoc_depth_width"]["metrics"]
+  assert metrics["wide_beats_deep"] == int(wide >= deep) and metrics["cells"] == 1
+  for (L, d), m in zip(s.shapes, means, strict=True):
+    assert metrics[f"{task.name}/delta/{L}/{d}"] == pytest.approx(m, abs=1e-12)
 
 
 def test_model_shapes_hold_head_width_fixed():

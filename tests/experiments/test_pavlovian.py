@@ -31,7 +31,60 @@ def _ctx(tmp_path: pathlib.Path, name: str) -> RunContext:
   return RunContext(quick=True, outdir=tmp_path / name, report_dir=tmp_path, progress=False)
 
 
-def test_capacity_experiment_outputs(tiny, tmp_path):
+def capture(monkeypatch, module, name: str) -> list:
+  """Wraps ``module.name`` so that what it returns while an experiment runs is kept: ``[(args, result)]``, the
+  raw data the experiment summarised (no recomputation, so no extra runtime)."""
+  calls, orig = [], getattr(module, name)
+
+  def wrapped(*args, **kwargs):
+    out = orig(*args, **kwargs)
+    calls.append((args, out))
+    return out
+
+  monkeypatch.setattr(module, name, wrapped)
+  return calls
+
+
+def first_failure_n(n, ok) -> int:
+  """Largest n with ok there and at every smaller n (0 if the first already fails), as a plain loop."""
+  best = 0
+  for n_i, ok_i in zip(n, ok, strict=True):
+    if not ok_i:
+      break
+    best = int(n_i)
+  return best
+
+
+def ls_slope(x, y) -> float:
+  """Least-squares slope of y on x (closed form)."""
+  x, y = np.asarray(x, float), np.asarray(y, float)
+  return float(np.sum((x - x.mean()) * (y - y.mean())) / np.sum((x - x.mean()) ** 2))
+
+
+def numpy_recall(rule: str, k, v, ns):
+  """Plain float64 numpy reference of ``capacity_probe``: write pairs one at a time (β = 1) with Hebb
+  ``S += v kᵀ`` or delta ``S += (v − S k) kᵀ``; after n writes read every stored key. Mean / max error and
+  nearest-stored-value accuracy ``[len(ns), trials]``."""
+  k, v = np.asarray(k, np.float64), np.asarray(v, np.float64)
+  B, N, D = k.shape
+  S = np.zeros((B, D, D))
+  err, max_err, acc = (np.zeros((len(ns), B)) for _ in range(3))
+  p = 0
+  for t in range(N):
+    kt, vt = k[:, t], v[:, t]
+    S += np.einsum("bv,bk->bvk", vt - (np.einsum("bvk,bk->bv", S, kt) if rule == "delta" else 0.0), kt)
+    if p < len(ns) and t + 1 == ns[p]:
+      n = t + 1
+      reads = np.einsum("bvk,bnk->bnv", S, k[:, :n])
+      e = 0.5 * np.sum((v[:, :n] - reads) ** 2, -1)
+      nearest = np.argmax(np.einsum("bnv,bmv->bnm", reads, v[:, :n]), -1)
+      err[p], max_err[p], acc[p] = e.mean(-1), e.max(-1), (nearest == np.arange(n)).mean(-1)
+      p += 1
+  return err, max_err, acc
+
+
+def test_capacity_experiment_outputs(tiny, tmp_path, monkeypatch):
+  raw = capture(monkeypatch, pv, "capacity_curves")
   res = pv.run_capacity(_ctx(tmp_path, "assoc_capacity"))
   assert [len(t.rows) for t in res.tables] == [6, 3, len(pv.SCHLAG_POINTS)]
   assert res.figures == ["assoc_capacity/capacity.png"]
@@ -43,6 +96,39 @@ def test_capacity_experiment_outputs(tiny, tmp_path):
     # capacity grows with width
     assert res.metrics[f"{rule}_nstar_fid_avg_d32"] > res.metrics[f"{rule}_nstar_fid_avg_d8"]
   assert np.isfinite(res.metrics["hebb_slope_fid_avg"])
+
+  # independent of the experiment's summaries: n* and the log-log slopes recomputed from the raw per-trial
+  # curves it measured, and the table's "error at n = d_k" column
+  curves = {(a[0], a[1]): c for a, c in raw}
+  assert sorted(curves) == sorted((r, d) for r in TINY_CAP.rules for d in TINY_CAP.d_ks)
+  crits = {"acc_avg": lambda c: c["acc"].mean(1) >= pv.ACC_THRESHOLD, "acc_worst": lambda c: c["all_ok"].all(1),
+           "fid_avg": lambda c: c["err"].mean(1) <= pv.FIDELITY_EPS,
+           "fid_worst": lambda c: c["max_err"].max(1) <= pv.FIDELITY_EPS}
+  rows = {(r[0], r[1]): r for r in res.tables[0].rows}
+  for rule in TINY_CAP.rules:
+    for crit, ok_of in crits.items():
+      pts = []
+      for d in TINY_CAP.d_ks:
+        c = curves[(rule, d)]
+        nstar, censored = first_failure_n(c["n"], ok_of(c)), bool(ok_of(c).all())
+        assert res.metrics[f"{rule}_nstar_{crit}_d{d}"] == nstar, (rule, crit, d)
+        if nstar > 0 and not censored:
+          pts.append((np.log(d), np.log(nstar)))
+      slope = ls_slope(*zip(*pts, strict=True)) if len(pts) >= 2 else float("nan")
+      np.testing.assert_allclose(res.metrics[f"{rule}_slope_{crit}"], slope, rtol=1e-9, err_msg=(rule, crit))
+    for d in TINY_CAP.d_ks:
+      c = curves[(rule, d)]
+      assert float(rows[(rule, d)][-1]) == pytest.approx(c["err"][c["n"] == d][0].mean(), abs=6e-5)
+  # and the raw curves themselves against a float64 numpy memory written pair by pair (d_k = 8: n = 1..16)
+  d = 8
+  k, v = pv.sample_pairs(jax.random.fold_in(jax.random.key(TINY_CAP.seed), d), TINY_CAP.trials, 2 * d, d)
+  for rule in TINY_CAP.rules:
+    c = curves[(rule, d)]
+    err, max_err, acc = numpy_recall(rule, k, v, list(c["n"]))
+    np.testing.assert_allclose(c["err"], err, rtol=1e-3, atol=1e-5, err_msg=rule)
+    np.testing.assert_allclose(c["max_err"], max_err, rtol=1e-3, atol=1e-5, err_msg=rule)
+    np.testing.assert_allclose(c["acc"], acc, atol=1e-6, err_msg=rule)
+    np.testing.assert_array_equal(c["all_ok"], acc == 1.0)
 
 
 def test_orthogonal_keys_recall_exactly_random_keys_crosstalk():
@@ -67,7 +153,8 @@ def test_hebb_crosstalk_matches_theory():
     np.testing.assert_allclose(measured, 0.5 * (n - 1) / d_k, rtol=0.25)
 
 
-def test_drift_experiment_physics(tiny, tmp_path):
+def test_drift_experiment_physics(tiny, tmp_path, monkeypatch):
+  raw = capture(monkeypatch, pv, "drift_curves")
   res = pv.run_drift(_ctx(tmp_path, "assoc_drift"))
   assert res.figures == ["assoc_drift/drift.png"]
   assert (tmp_path / res.figures[0]).stat().st_size > 0
@@ -79,6 +166,29 @@ def test_drift_experiment_physics(tiny, tmp_path):
   assert m["delta_err_before"] < 0.5 * m["delta_err_after"]  # re-learns after each switch
   assert m["hebb_norm_growth"] > pv.GROWTH_ALPHA > m["oja_norm_growth"]  # unbounded vs bounded
   assert m["expectations_held"] == 4
+
+  # independent of drift_summary and the check code: the summaries and the four checks recomputed from the raw
+  # per-trial curves (probe i is after step (i + 1)·record_every; the map switches after steps P·j)
+  (_, curves), = raw
+  ds, per = TINY_DRIFT, TINY_DRIFT.period // TINY_DRIFT.record_every
+  pre = [j * per - 1 for j in range(1, ds.n_periods)]          # last probe under the old map
+  ours = {}
+  for rule, c in curves.items():
+    np.testing.assert_array_equal(c["t"], ds.record_every * np.arange(1, ds.n_periods * per + 1))
+    err, norm = c["err"].mean(axis=1), c["norm"].mean(axis=1)
+    at = [j * per - 1 for j in range(2, ds.n_periods + 1)]
+    ours[rule] = {"err_before": err[pre].mean(), "err_after": err[[i + 1 for i in pre]].mean(),
+                  "err_before_all": err[pre + [ds.n_periods * per - 1]].mean(),
+                  "norm_first": norm[per - 1], "norm_end": norm[-1],
+                  "norm_growth": ls_slope(np.log(c["t"][at]), np.log(norm[at]))}
+    for key, x in ours[rule].items():
+      np.testing.assert_allclose(m[f"{rule}_{key}"], x, rtol=1e-6, err_msg=(rule, key))
+  h, d, o = ours["hebb"], ours["delta"], ours["oja"]
+  expected = [h["norm_growth"] > pv.GROWTH_ALPHA, h["err_before_all"] > 10 * d["err_before_all"],
+              d["err_before"] < 0.1 * d["err_after"], o["norm_growth"] < pv.GROWTH_ALPHA]
+  assert [r[-1] for r in res.tables[1].rows] == ["yes" if x else "NO" for x in expected]
+  assert m["expectations_held"] == sum(expected)
+  assert res.summary.startswith(f"{sum(expected)}/4 drift expectations hold")
 
 
 # ---------------------------------------------------------------------------------------
@@ -177,6 +287,8 @@ def test_sample_overwrite_targets_are_latest_values():
 
 def test_capacity_onehot_experiment(monkeypatch, tmp_path):
   monkeypatch.setattr(pv, "onehot_settings", lambda quick: TINY_ONEHOT)
+  raw_curves = capture(monkeypatch, pv, "onehot_curves")
+  raw_trained = capture(monkeypatch, pv, "trained_curves")
   res = pv.run_capacity_onehot(_ctx(tmp_path, "assoc_capacity_onehot"))
   assert res.figures == ["assoc_capacity_onehot/capacity_onehot.png",
                          "assoc_capacity_onehot/capacity_onehot_trained.png"]
@@ -204,8 +316,65 @@ def test_capacity_onehot_experiment(monkeypatch, tmp_path):
   assert 0 < floor_short < floor_long < 0.5
   # random non-negative features overlap (a common component); DPFP is sparser than ELU+1
   assert 0 < res.metrics["DPFP-1_mean_cos"] < res.metrics["ELU+1_mean_cos"] < 1
-  assert res.metrics["checks_held"] >= 0 and np.isfinite(res.metrics["seconds"])
+  assert np.isfinite(res.metrics["seconds"])
   assert all(len(r) == len(res.tables[0].headers) for r in res.tables[0].rows)
+
+  # independent of onehot_losses and the experiment's check code: the best-g loss is min_g E 0.5‖y − g r‖²
+  # = 0.5 (1 − E⟨y, r⟩² / E‖r‖²) (‖y‖ = 1), recomputed from the raw per-trial ⟨y, r⟩, ‖r‖² it measured, and
+  # the shape checks re-evaluated from that (in the experiment's order: per norm monotone, DPFP < ELU+1,
+  # delta < sum rule)
+  (_, run_curves), = raw_curves
+  best = {key: 0.5 * (1.0 - c["yr"].mean(1) ** 2 / c["rr"].mean(1)) for key, c in run_curves.items()}
+  for key, c in run_curves.items():
+    np.testing.assert_allclose(c["best"], best[key], rtol=1e-5, atol=1e-7, err_msg=key)
+  expected = []
+  for norm in pv.NORMS:
+    b = lambda st, f, r: best[(st, norm, f, r)]
+    expected.append(all(np.diff(b("distinct", f, "hebb")).min() >= -0.01 for f in TINY_ONEHOT.fmaps))
+    expected.append(all((b("distinct", f, "hebb") < b("distinct", "ELU+1", "hebb")).all()
+                        for f in TINY_ONEHOT.fmaps if f != "ELU+1"))
+    expected.append(all((b("overwrite", f, "delta") < b("overwrite", f, "hebb")).all()
+                        for f in TINY_ONEHOT.fmaps))
+  assert [r[-1] for r in res.tables[2].rows] == ["yes" if x else "NO" for x in expected]
+  assert res.metrics["checks_held"] == sum(expected)
+  assert res.summary.startswith(f"{sum(expected)}/{len(expected)} shape checks hold")
+  assert expected[0] and expected[3] and expected[5]   # what the curve physics below guarantees
+  # the n* column of the loss-vs-n table: largest n with best loss ≤ eps there and at every smaller n
+  for row, (key, c) in zip(res.tables[1].rows, run_curves.items(), strict=True):
+    assert row[:4] == [key[0], key[3], f"{key[2]} ({pv.FEATURE_MAPS[key[2]][1](TINY_ONEHOT.d_key)})", key[1]]
+    ok = best[key] <= TINY_ONEHOT.eps
+    assert row[-1] == f"{first_failure_n(c['n'], ok)}{'+' if ok.all() else ''}", (key, row)
+  # feature statistics from the raw keys with the numpy feature maps of this file
+  k_raw, _ = pv.sample_distinct(jax.random.fold_in(jax.random.key(TINY_ONEHOT.seed), 0), TINY_ONEHOT)
+  k_raw = np.asarray(k_raw[:, :min(TINY_ONEHOT.n_max, 64)], np.float64)
+  numpy_maps = {"ELU+1": lambda x: np.where(x > 0, x + 1.0, np.exp(x)), "DPFP-1": lambda x: _dpfp_numpy(x, 1)}
+  for fmap in TINY_ONEHOT.fmaps:
+    f = numpy_maps[fmap](k_raw)
+    u = f / np.linalg.norm(f, axis=-1, keepdims=True)
+    cos = np.einsum("bnk,bmk->bnm", u, u)
+    N = f.shape[1]
+    off = (cos.sum((1, 2)) - np.trace(cos, axis1=1, axis2=2)) / (N * (N - 1))
+    np.testing.assert_allclose(res.metrics[f"{fmap}_mean_cos"], off.mean(), rtol=1e-4)
+    p = f / f.sum(-1, keepdims=True)
+    np.testing.assert_allclose(res.metrics[f"{fmap}_sum_norm_sq"], np.mean(np.sum(p * p, -1)), rtol=1e-4)
+  # trained keys: the per-run table and plateau verdicts from the raw training histories
+  (_, trained), = raw_trained
+  plateaued = 0
+  runs = [(key, c, i) for key, c in trained.items() for i in range(len(c["n"]))]
+  for row, ((st, r, f), c, i) in zip(res.tables[5].rows, runs, strict=True):
+    k10 = max(len(c["hist"]) // 10, 1)
+    last, prev = c["hist"][-k10:, i].mean(), c["hist"][-2 * k10:-k10, i].mean()
+    flat = prev - last <= max(0.05 * prev, 1e-3)
+    plateaued += flat
+    assert row[3] == int(c["n"][i]) and row[10] == ("yes" if flat else "NO"), (row, prev, last)
+    assert row[5:8] == [f"{c['init_loss'][i]:.3f}", f"{c['loss'][i]:.4f}", f"{c['loss_short'][i]:.4f}"]
+    assert res.metrics[f"trained_{st}_{r}_{f}_S{int(c['n'][i])}_loss"] == float(c["loss"][i])
+  assert res.metrics["trained_plateaued"] == plateaued
+  c = trained[("overwrite", "hebb", "DPFP-1")]
+  i = int(np.flatnonzero(c["n"] == 20)[0])
+  row = next(r for r in res.tables[4].rows if r[:4] == ["overwrite", "hebb", "DPFP-1 (16)", "20"])
+  assert row[6:8] == [f"{c['loss_short'][i]:.4f}", f"{c['loss'][i]:.4f}"]
+  assert row[11] == f"{c['floor_short'][i]:.4f} / {c['floor'][i]:.4f}"
 
   curves = pv.onehot_curves(TINY_ONEHOT)
   for (setting, norm, fmap, _), c in curves.items():

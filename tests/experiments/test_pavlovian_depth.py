@@ -29,7 +29,33 @@ def _ctx(tmp_path: pathlib.Path, name: str) -> RunContext:
   return RunContext(quick=True, outdir=tmp_path / name, report_dir=tmp_path, progress=False)
 
 
-def test_error_propagation_outputs_and_physics(tiny, tmp_path):
+def numpy_mean_chain_err(U, K):
+  """Plain float64 numpy reference of the mean-combine chain: Hebbian S_{h,ℓ} = Σ_i u_{ℓ+1,i} k_{h,ℓ,i}ᵀ,
+  read with the current item's keys, heads averaged, cleaned up to the nearest next-layer item.
+  Returns error rate and head-averaged read MSE after each hop, ``[L]``."""
+  U, K = np.asarray(U, np.float64), np.asarray(K, np.float64)
+  B, L, H, N, _ = K.shape
+  S = np.einsum("blnv,blhnk->blhvk", U[:, 1:], K)
+  idx = np.broadcast_to(np.arange(N), (B, N))
+  err, mse = np.zeros(L), np.zeros(L)
+  for ell in range(L):
+    q = np.take_along_axis(K[:, ell], idx[:, None, :, None], axis=2)              # [B, H, N, K]
+    r = np.einsum("bhvk,bhnk->bnv", S[:, ell], q) / H
+    mse[ell] = np.mean(0.5 * np.sum((U[:, ell + 1] - r) ** 2, -1))
+    idx = np.argmax(np.einsum("bnv,bmv->bnm", r, U[:, ell + 1]), -1)
+    err[ell] = np.mean(idx != np.arange(N))
+  return err, mse
+
+
+def capture(monkeypatch, module, name: str) -> list:
+  """Wraps ``module.name`` so that what it returns while the experiment runs is kept (the raw data)."""
+  calls, orig = [], getattr(module, name)
+  monkeypatch.setattr(module, name, lambda *a, **k: calls.append(orig(*a, **k)) or calls[-1])
+  return calls
+
+
+def test_error_propagation_outputs_and_physics(tiny, tmp_path, monkeypatch):
+  raw = capture(monkeypatch, pd, "propagation_grid")
   res = pd.run_error_propagation(_ctx(tmp_path, "assoc_error_propagation"))
   cells = len(TINY.ratios) * len(TINY.heads)
   assert [len(t.rows) for t in res.tables] == [2 * cells, 2 * cells, 2 * 2 * len(TINY.ratios), cells, 5]
@@ -53,6 +79,53 @@ def test_error_propagation_outputs_and_physics(tiny, tmp_path):
   assert m["mean_err_r4_H1_L1"] > m["mean_err_r2_H1_L1"]
   assert m["mse_max_rel_dev"] < 0.2
   assert m["heads_ok"] == m["heads_cells"] > 0
+
+  # independent of the experiment's check code: the cell counts and the five expectations recomputed from the
+  # raw per-cell error curves it measured
+  grid, = raw
+  n_of = {r: max(2, round(r * TINY.d_k)) for r in TINY.ratios}
+  Ls, cnt = np.arange(1, L + 1), {k: [0, 0] for k in ("grow", "lin", "heads", "exp")}   # [ok, cells]
+
+  def tally(name, ok):
+    cnt[name][0] += bool(ok)
+    cnt[name][1] += 1
+
+  for c, comb in enumerate(pd.COMBINES):
+    for r in TINY.ratios:
+      chain = 1.0 / (TINY.trials * n_of[r])
+      for H in TINY.heads:
+        e = grid[(r, H)]["err"][:, c]
+        np.testing.assert_array_equal([m[f"{comb}_err_r{r:g}_H{H}_L{ell}"] for ell in Ls], e)
+        if 0 < e[-1] <= 1 - pd.MIN_WRONG * chain:
+          slack = [2 * np.sqrt(e[i] * (1 - e[i]) * chain) + chain for i in range(L)]
+          tally("grow", e[-1] > e[0] and all(e[i] - e[i - 1] >= -slack[i] for i in range(1, L)))
+        if pd.MIN_WRONG * chain <= e[-1] <= pd.SATURATED:
+          tally("lin", np.ptp(e) == 0 or np.corrcoef(Ls, e)[0, 1] ** 2 >= pd.LINEAR_R2)
+      for ell in (1, L):
+        errs = np.array([grid[(r, H)]["err"][ell - 1, c] for H in TINY.heads])
+        if errs[0] > 0:
+          tally("heads", np.all(errs[1:] <= errs[:-1]) and errs[-1] < errs[0])
+        pos = errs > 0
+        if ell == 1 and pos.sum() >= 3:
+          tally("exp", np.corrcoef(np.asarray(TINY.heads)[pos], np.log(errs[pos]))[0, 1] ** 2 >= 0.9)
+  for name, (ok, cells) in cnt.items():
+    assert (m[f"{name}_ok"], m[f"{name}_cells"]) == (ok, cells), name
+  expected = [cells > 0 and ok == cells for ok, cells in cnt.values()] + [False]
+  assert [row[-1] for row in res.tables[4].rows] == ["yes" if x else "NO" for x in expected]
+  assert m["expectations_held"] == sum(expected)
+  assert res.summary.startswith(f"{sum(expected)}/5 shape expectations hold")
+  mse_dev = max(abs(grid[(r, H)]["mse"][0, 0] / (0.5 * (n_of[r] - 1) / (TINY.d_k * H)) - 1)
+                for r in TINY.ratios for H in TINY.heads)
+  np.testing.assert_allclose(m["mse_max_rel_dev"], mse_dev, rtol=1e-6)
+  # and the raw mean-combine curves against a float64 numpy chain on the same samples (one wrong chain slack)
+  for j, r in enumerate(TINY.ratios):
+    U, K = pd.sample_chain(jax.random.fold_in(jax.random.key(TINY.seed), j), TINY.trials, n_of[r], TINY.d_k, L,
+                           max(TINY.heads))
+    for H in TINY.heads:
+      err, mse = numpy_mean_chain_err(U, K[:, :, :H])
+      np.testing.assert_allclose(grid[(r, H)]["err"][:, 0], err, atol=1.01 / (TINY.trials * n_of[r]),
+                                 err_msg=(r, H))
+      np.testing.assert_allclose(grid[(r, H)]["mse"][:, 0], mse, rtol=1e-3, err_msg=(r, H))
 
 
 def test_orthogonal_keys_recall_every_hop_exactly():

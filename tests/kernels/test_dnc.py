@@ -1,5 +1,7 @@
 """DNC memory access re-derived from the Nature 2016 equations (independent numpy loops)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -241,3 +243,155 @@ def test_comparison_allocation_equals_sort_allocation_values_and_gradients(usage
   g1 = jax.grad(lambda u: jnp.sum(dnc.allocation_weights(u) * cot))(u)
   g2 = jax.grad(lambda u: jnp.sum(dnc.allocation_weights_sorted(u) * cot))(u)
   np.testing.assert_allclose(g1, g2, atol=1e-6)
+
+
+# --- non-finite values: propagated by the allocation, located by check_state / check_interface ---
+
+_USAGE = np.array([0.5, 0.2, 0.7, 0.1, 0.2, 0.9, 0.3], np.float32)  # N = 7 slots, a tie at 0.2
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("slot", [0, 2])  # slots where colliding comparison ranks used to hide the NaN
+def test_non_finite_usage_propagates_through_allocation_and_step(bad, slot):
+  u = jnp.asarray(_USAGE).at[slot].set(bad)
+  a = np.asarray(dnc.allocation_weights(u))
+  assert np.isnan(a).all(), a
+  # the argsort form is non-finite too (NaN / -inf at the bad slot only): neither is silently finite
+  assert not np.isfinite(np.asarray(dnc.allocation_weights_sorted(u))).all()
+  state = dnc.dnc_init(N, W, R)._replace(usage=u)
+  new, _ = jax.jit(dnc.dnc_step)(state, random_interface(jax.random.key(30)))
+  assert not np.isfinite(np.asarray(new.write_weights)).any(), new.write_weights
+
+
+def test_finiteness_guard_keeps_values_and_gradients_of_finite_usage():
+  """Finite usage: the guard is an identity in value and gradient (no NaN from the unused branch)."""
+  u = jnp.asarray(_USAGE)
+  cot = jnp.arange(1.0, N + 1)
+  g = jax.jit(jax.grad(lambda u: jnp.sum(dnc.allocation_weights(u) * cot)))(u)
+  g_sorted = jax.grad(lambda u: jnp.sum(dnc.allocation_weights_sorted(u) * cot))(u)
+  assert np.isfinite(np.asarray(g)).all()
+  np.testing.assert_allclose(g, g_sorted, atol=1e-6)
+  np.testing.assert_allclose(dnc.allocation_weights(u), dnc.allocation_weights_sorted(u), atol=1e-7)
+
+
+def _some_state():
+  state = dnc.dnc_init(N, W, R)
+  for t in range(2):
+    state, _ = dnc.dnc_step(state, random_interface(jax.random.key(40 + t)))
+  return state
+
+
+@pytest.mark.parametrize("field", dnc.DNCState._fields)
+def test_check_state_names_the_field_and_index_of_a_nan(field):
+  state = _some_state()
+  dnc.check_state(state)  # finite: no error
+  x = getattr(state, field)
+  idx = tuple(s - 2 for s in x.shape)
+  bad = state._replace(**{field: x.at[idx].set(jnp.nan).at[tuple(s - 1 for s in x.shape)].set(jnp.inf)})
+  match = rf"state\.{field} has a non-finite value at index {re.escape(str(idx))}"  # the first (row-major) one
+  with pytest.raises(ValueError, match=match):
+    dnc.check_state(bad)
+
+
+@pytest.mark.parametrize("field,shape", [
+    ("memory", (N, W, 1)), ("usage", (N + 1,)), ("link", (N, N - 1)), ("precedence", (N, 1)),
+    ("read_weights", (N,)), ("write_weights", (N - 1,)),
+])
+def test_check_state_wrong_shape_names_the_field_even_under_jit(field, shape):
+  bad = _some_state()._replace(**{field: jnp.zeros(shape)})
+  with pytest.raises(ValueError, match=rf"state\.{field} must have shape"):
+    dnc.check_state(bad)
+  with pytest.raises(ValueError, match=rf"state\.{field} must have shape"):
+    jax.jit(dnc.dnc_step)(bad, random_interface(jax.random.key(31)))
+
+
+def test_check_state_skips_values_of_traced_states():
+  bad = _some_state()._replace(usage=jnp.full((N,), jnp.nan))
+  out = jax.jit(lambda s: (dnc.check_state(s), s.usage)[1])(bad)  # traced: no value check, no error
+  assert np.isnan(np.asarray(out)).all()
+
+
+def test_check_interface_reports_nan_strength_as_non_finite_with_its_index():
+  it = random_interface(jax.random.key(32))._replace(read_strengths=jnp.array([2.0, jnp.nan, 3.0]))
+  with pytest.raises(ValueError, match=r"interface\.read_strengths must be finite.*index \(1,\)") as err:
+    dnc.check_interface(it, dnc.dnc_init(N, W, R))
+  assert ">= 1" not in str(err.value)
+
+
+# --- dtypes: low-precision state, float32 arithmetic ---
+
+# A bfloat16 state vs the float32 computation from the same (rounded) start: abs and rel tolerance over a
+# few steps, while usages stay apart. Usages closer than bf16's spacing (2^-8 near 1) tie when stored in
+# bf16, and the allocation may then pick another slot than float32 would (a discrete jump no tolerance
+# covers; e.g. from dnc_init's zero memory, where uniform content weights make near-equal usages).
+BF16_TOL = 2e-2
+
+
+def _reference_step(state, it):
+  """The step as the plain composition of the public helpers, in the inputs' own dtype (the old kernel)."""
+  usage = dnc.update_usage(state.usage, state.write_weights, it.free_gates, state.read_weights)
+  write_content = dnc.content_weights(state.memory, it.write_key[None], it.write_strength[None])[0]
+  alloc = dnc.allocation_weights(usage)
+  ww = it.write_gate * (it.allocation_gate * alloc + (1.0 - it.allocation_gate) * write_content)
+  memory = state.memory * (1.0 - jnp.outer(ww, it.erase_vector)) + jnp.outer(ww, it.write_vector)
+  link, precedence = dnc.update_link(state.link, state.precedence, ww)
+  content = dnc.content_weights(memory, it.read_keys, it.read_strengths)
+  m = it.read_modes
+  rw = m[:, 0:1] * (state.read_weights @ link) + m[:, 1:2] * content + m[:, 2:3] * (state.read_weights @ link.T)
+  return dnc.DNCState(memory, usage, link, precedence, rw, ww), rw @ memory
+
+
+def _stacked_interfaces(T, seed, dtype=jnp.float32):
+  its = [random_interface(jax.random.key(seed + t)) for t in range(T)]
+  return jax.tree.map(lambda *x: jnp.stack(x).astype(dtype), *its)
+
+
+def _spread_state(seed, dtype):
+  """Random memory and read weights, usages spread over [0.1, 0.9]: values rounded to ``dtype``."""
+  k_m, k_u, k_r = jax.random.split(jax.random.key(seed), 3)
+  state = dnc.dnc_init(N, W, R)._replace(
+      memory=jax.random.normal(k_m, (N, W)), usage=jax.random.permutation(k_u, jnp.linspace(0.1, 0.9, N)),
+      read_weights=jax.nn.softmax(jax.random.normal(k_r, (R, N)), axis=-1))
+  return dnc.DNCState(*(x.astype(dtype) for x in state))
+
+
+_scan = jax.jit(lambda s, i: jax.lax.scan(dnc.dnc_step, s, i))
+
+
+def test_float32_step_is_bitwise_unchanged():
+  its = _stacked_interfaces(6, 50)
+  state_a, reads_a = jax.jit(lambda s, i: jax.lax.scan(dnc.dnc_step, s, i))(dnc.dnc_init(N, W, R), its)
+  state_b, reads_b = jax.jit(lambda s, i: jax.lax.scan(_reference_step, s, i))(dnc.dnc_init(N, W, R), its)
+  names = dnc.DNCState._fields + ("reads",)
+  for name, a, b in zip(names, (*state_a, reads_a), (*state_b, reads_b), strict=True):
+    assert a.dtype == jnp.float32, name
+    np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def test_bf16_state_scan_keeps_carry_dtypes_and_stays_close_to_float32():
+  its = _stacked_interfaces(4, 60)  # a float32 controller driving a bfloat16 memory
+  state16 = _spread_state(1, jnp.bfloat16)
+  out16 = _scan(state16, its)  # lax.scan raises if a carry dtype changes
+  out32 = _scan(dnc.DNCState(*(x.astype(jnp.float32) for x in state16)), its)
+  for name, a, b in zip(dnc.DNCState._fields + ("reads",), jax.tree.leaves(out16), jax.tree.leaves(out32),
+                        strict=True):
+    assert a.dtype == jnp.bfloat16, name
+    np.testing.assert_allclose(np.asarray(a, np.float32), b, atol=BF16_TOL, rtol=BF16_TOL, err_msg=name)
+
+
+def test_bf16_state_is_closer_to_float32_than_pure_bf16_arithmetic():
+  """Same bf16 inputs; only the arithmetic differs: the kernel's float32 vs the helpers run in bfloat16."""
+  its = _stacked_interfaces(4, 70, jnp.bfloat16)
+  state16 = _spread_state(2, jnp.bfloat16)
+  ref = _scan(dnc.DNCState(*(x.astype(jnp.float32) for x in state16)), its)
+  got = _scan(state16, its)
+  pure = jax.jit(lambda s, i: jax.lax.scan(_reference_step, s, i))(state16, its)
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(pure))  # the baseline really is pure bf16
+
+  def err(out):  # summed over the state fields and the reads: mean absolute error vs float32
+    return sum(float(np.mean(np.abs(np.asarray(a, np.float32) - np.asarray(b))))
+               for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref), strict=True))
+
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+    np.testing.assert_allclose(np.asarray(a, np.float32), b, atol=BF16_TOL, rtol=BF16_TOL)
+  assert err(got) < 0.75 * err(pure), (err(got), err(pure))

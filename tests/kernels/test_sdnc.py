@@ -135,3 +135,30 @@ def test_hybrid_bad_gate_shapes_raise():
     sdnc_hybrid_attention(q, k, v, erase_gate=gates["erase_gate"][:, :5])
   with pytest.raises(ValueError, match=r"`read_modes` must have shape \[2, 9, 3, 3\]"):
     sdnc_hybrid_attention(q, k, v, read_modes=gates["read_modes"][..., :2])
+
+
+def test_hybrid_erase_keeps_float32_accuracy_on_long_sequences_and_at_zero_retention():
+  # retention f_t = σ(z_t) compounded over T = 4096 steps: the decay of slot s at step t is
+  # a segment sum of log f, not the difference of two cumulative sums (2e-4 error before)
+  from jaxmem.kernels.sdnc import sdnc_hybrid_attention
+  T, D = 4096, 4
+  r = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(r.normal(size=(1, T, 1, D)), jnp.float32) for _ in range(3))
+  z = r.normal(size=(1, T, 1)) + 2.0  # retention ≈ 0.88 on average
+  out = np.asarray(sdnc_hybrid_attention(q, k, v, erase_gate=jnp.asarray(z, jnp.float32)))[0, :, 0]
+  # float64 reference: w_t[s] ∝ exp(q_t·k_s / √D + Σ_{s<τ≤t} log σ(z_τ))
+  qn, kn, vn = (np.asarray(x, np.float64)[0, :, 0] for x in (q, k, v))
+  logf = -np.logaddexp(0.0, -z[0, :, 0])
+  c = np.cumsum(logf)  # exact enough in float64 for the reference
+  logits = qn @ kn.T / np.sqrt(D) + (c[:, None] - c[None, :])
+  logits = np.where(np.tril(np.ones((T, T), bool)), logits, -np.inf)
+  w = np.exp(logits - logits.max(-1, keepdims=True))
+  ref = (w / w.sum(-1, keepdims=True)) @ vn
+  assert np.abs(out - ref).max() < 2e-5, np.abs(out - ref).max()
+  # retention exactly 0 (σ(−200) underflows; log σ stays finite): each step reads its own slot
+  z0 = jnp.full((1, 8, 1), -200.0)
+  q8, k8, v8 = q[:, :8], k[:, :8], v[:, :8]
+  f = lambda q, k, v, z: jnp.sum(sdnc_hybrid_attention(q, k, v, erase_gate=z))
+  np.testing.assert_allclose(sdnc_hybrid_attention(q8, k8, v8, erase_gate=z0), v8, rtol=1e-6, atol=1e-6)
+  for g in jax.grad(f, argnums=(0, 1, 2, 3))(q8, k8, v8, z0):
+    assert np.isfinite(np.asarray(g)).all()

@@ -66,6 +66,8 @@ def test_gates_exist_only_where_the_rule_uses_them():
                                       ({"feature_map": "relu"}, "feature_map"),
                                       ({"chunk_size": 0}, "chunk_size"),
                                       ({"assoc_mode": "fast"}, "assoc_mode"),
+                                      ({"assoc_precision": "fp8"}, "assoc_precision"),
+                                      ({"key_norm": 1}, "key_norm"),
                                       ({"erase": True}, "hybrids run on the parallel kernel")])
 def test_bad_circuit_config_raises(kw, match):
   with pytest.raises(ValueError, match=match):
@@ -83,3 +85,69 @@ def test_circuit_lm_trains(synthetic_data_dir, tmp_path):
   res = train_lm(cfg, tmp_path / "w", progress=False)
   losses = [r["loss"] for r in res.history if "loss" in r]
   assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3])
+
+
+RULES = ["hebb", "delta", "oja", "decay", "gated_delta"]
+
+
+def _loss_and_grads(model, tokens):
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  @jax.jit
+  def f(params):
+    logits = nnx.merge(graphdef, params, rest).logits_from_embeddings(
+        nnx.merge(graphdef, params, rest).embed_tokens(tokens))
+    return jnp.mean(jax.nn.logsumexp(logits, -1)), logits
+
+  (loss, logits), grads = jax.value_and_grad(f, has_aux=True)(params)
+  return loss, logits, grads
+
+
+def _all_finite(tree):
+  return all(bool(np.isfinite(np.asarray(x)).all()) for x in jax.tree.leaves(tree))
+
+
+def test_erase_vectors_are_normalised_by_default_for_the_erasing_rules():
+  for rule in RULES:
+    cfg = dataclasses.replace(BASE, assoc_rule=rule)
+    assert cfg.key_norm is None and cfg.normalizes_erase == (rule in ("delta", "oja", "gated_delta"))
+    assert dataclasses.replace(cfg, key_norm=False).normalizes_erase is False  # the raw rule: opt-out
+    assert dataclasses.replace(cfg, key_norm=True).normalizes_erase is True
+  with pytest.raises(ValueError, match="key_norm"):
+    dataclasses.replace(BASE, key_norm="yes")
+
+
+@pytest.mark.parametrize("rule,mode",
+                         [(r, "auto") for r in RULES] + [("delta", "chunked"), ("oja", "recurrent")])
+def test_qkv_weights_times_ten_stay_finite_under_jit(rule, mode):
+  # Large projections make ‖k‖² ≫ 2/β: the raw delta / oja rules diverge, and under jit no
+  # eager guard can see it. The default (normalised erase vectors) is stable by construction.
+  cfg = dataclasses.replace(BASE, assoc_rule=rule, assoc_mode=mode, max_len=64)
+  model = TransformerLM(cfg, rngs=nnx.Rngs(0))
+  model.blocks.attn.qkv.kernel[...] = 10.0 * model.blocks.attn.qkv.kernel[...]
+  tokens = jax.random.randint(jax.random.key(2), (2, 64), 0, 256)
+  loss, logits, grads = _loss_and_grads(model, tokens)
+  assert np.isfinite(float(loss)) and _all_finite(logits) and _all_finite(grads)
+
+
+@pytest.mark.parametrize("rule,mode", [("gated_delta", m) for m in ("auto", "chunked", "parallel", "recurrent")]
+                         + [("decay", "auto")])
+def test_decay_gates_that_underflow_to_zero_stay_finite(rule, mode):
+  # σ(−200) is exactly 0 in float32: the model passes log σ (finite) instead of σ, so
+  # log γ is never log 0 and values and gradients (also of the gate itself) stay finite.
+  model = TransformerLM(dataclasses.replace(BASE, assoc_rule=rule, assoc_mode=mode), rngs=nnx.Rngs(0))
+  assert float(jax.nn.sigmoid(jnp.float32(-200.0))) == 0.0
+  model.blocks.attn.decay.bias[...] = jnp.full_like(model.blocks.attn.decay.bias[...], -200.0)
+  loss, logits, grads = _loss_and_grads(model, TOKENS)
+  assert np.isfinite(float(loss)) and _all_finite(logits) and _all_finite(grads)
+  # a memory that forgets everything each step reads only the current token: o_t = β v_t k_tᵀ q_t
+  layer_cfg = dataclasses.replace(BASE, assoc_rule=rule, assoc_mode=mode)
+  layer = MultiHeadAttention(layer_cfg, rngs=nnx.Rngs(0))
+  layer.decay.bias[...] = jnp.full_like(layer.decay.bias[...], -200.0)
+  qkv = layer.qkv(X).reshape(2, 11, 3, 3, 8)
+  q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+  if layer_cfg.normalizes_erase:
+    k = k / jnp.sqrt(jnp.sum(k * k, -1, keepdims=True) + 1e-6)
+  beta = 1.0 if layer.beta is None else jax.nn.sigmoid(layer.beta(X))[..., None]
+  o = beta * v * jnp.sum(k * q, -1, keepdims=True)
+  np.testing.assert_allclose(layer(X), o.reshape(2, 11, 24) @ layer.out.kernel[...], rtol=1e-4, atol=1e-5)

@@ -52,13 +52,92 @@ def test_sdnc_transformer_equals_transformer_values_and_gradients():
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+def perturb(model, seed: int, scale: float = 0.3) -> None:
+  """Adds N(0, scale²) noise to every parameter: non-zero biases and LayerNorm shifts, so that each
+  sub-computation (attention, its W_O, the FFN, every norm) visibly moves the logits."""
+  state = nnx.state(model, nnx.Param)
+  leaves, treedef = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  nnx.update(model, jax.tree.unflatten(
+      treedef, [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys, strict=True)]))
+
+
+def reference_logits(model, tokens) -> np.ndarray:
+  """The plain pre-LN softmax Transformer written out in float64 numpy from ``model``'s parameters
+  (learned positions, tied embeddings, causal softmax with 1/√d_head, tanh-GELU, LayerNorm ε = 1e-6);
+  no jaxmem kernel or module is called."""
+  cfg = model.cfg
+  f = lambda p: np.asarray(p[...], np.float64)
+  H, K, D = cfg.n_heads, cfg.head_dim, cfg.d_model
+  tok = np.asarray(tokens)
+  B, T = tok.shape
+  E = f(model.embed.embedding)
+  x = E[tok] + f(model.pos)[:T]
+
+  def ln(x, norm, layer=None):
+    scale, bias = f(norm.scale), f(norm.bias)
+    if layer is not None:
+      scale, bias = scale[layer], bias[layer]
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + 1e-6) * scale + bias
+
+  blk, causal = model.blocks, np.tril(np.ones((T, T), bool))
+  for layer in range(cfg.n_layers):
+    h = ln(x, blk.ln1, layer)
+    # q, k, v each [B, H, T, K]
+    q, k, v = (h @ f(blk.attn.qkv.kernel)[layer]).reshape(B, T, 3, H, K).transpose(2, 0, 3, 1, 4)
+    s = np.where(causal, q @ k.swapaxes(-1, -2) / np.sqrt(K), -np.inf)
+    a = np.exp(s - s.max(-1, keepdims=True))
+    a /= a.sum(-1, keepdims=True)
+    x = x + (a @ v).transpose(0, 2, 1, 3).reshape(B, T, D) @ f(blk.attn.out.kernel)[layer]
+    u = ln(x, blk.ln2, layer) @ f(blk.ffn.up.kernel)[layer] + f(blk.ffn.up.bias)[layer]
+    g = 0.5 * u * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (u + 0.044715 * u ** 3)))
+    x = x + g @ f(blk.ffn.down.kernel)[layer] + f(blk.ffn.down.bias)[layer]
+  return ln(x, model.ln_f) @ E.T
+
+
+PLAIN_PATHS = {"embed/embedding", "pos", "ln_f/scale", "ln_f/bias"} | {
+    f"blocks/{p}" for p in ("ln1/scale", "ln1/bias", "attn/qkv/kernel", "attn/out/kernel", "ln2/scale",
+                            "ln2/bias", "ffn/up/kernel", "ffn/up/bias", "ffn/down/kernel", "ffn/down/bias")}
+GATES = {"write_gate": "write_gate", "erase": "erase_gate", "link_reads": "read_modes"}
+
+
+def param_paths(model) -> set:
+  return {"/".join(map(str, path)) for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def set_gates(attn, active=(), seed: int = 5) -> None:
+  """Gate projections of a hybrid: neutral (write σ → 1, retain σ → 1, read mode = content: biases ±1e4, zero
+  kernels), except those named in ``active``: input-dependent (N(0, 1) kernels, zero biases)."""
+  for i, name in enumerate(("write_gate", "erase_gate", "read_modes")):
+    gate = getattr(attn, name)
+    if gate is None:
+      continue
+    if name in active:
+      gate.kernel[...] = jax.random.normal(jax.random.key(seed + i), gate.kernel.shape)
+      gate.bias[...] = jnp.zeros_like(gate.bias[...])
+    else:
+      gate.kernel[...] = jnp.zeros_like(gate.kernel[...])
+      bias = [1e4] if name != "read_modes" else [-1e4, 1e4, -1e4]
+      gate.bias[...] = jnp.tile(jnp.array(bias), (CFG.n_layers, gate.bias.shape[-1] // len(bias)))
+
+
 def test_hybrid_flags_off_is_the_plain_transformer():
-  a = TransformerLM(CFG, rngs=nnx.Rngs(0))
-  b = TransformerLM(dataclasses.replace(CFG, write_gate=False, erase=False, link_reads=False),
-                    rngs=nnx.Rngs(0))
-  sa, sb = nnx.state(a, nnx.Param), nnx.state(b, nnx.Param)
-  assert jax.tree.structure(sa) == jax.tree.structure(sb)
-  np.testing.assert_array_equal(a(TOKENS), b(TOKENS))
+  """Flags off: no gate parameters, and the logits are the plain softmax Transformer's as written out in
+  numpy from the same (perturbed, so every term matters) weights — two different computations."""
+  off = TransformerLM(dataclasses.replace(CFG, write_gate=False, erase=False, link_reads=False),
+                      rngs=nnx.Rngs(0))
+  assert param_paths(off) == PLAIN_PATHS
+  attn = off.blocks.attn
+  assert attn.write_gate is None and attn.erase_gate is None and attn.read_modes is None
+  # the reference itself is right: it reproduces the unperturbed model and reacts to a weight change
+  ref0 = reference_logits(off, TOKENS)
+  np.testing.assert_allclose(off(TOKENS), ref0, rtol=1e-4, atol=1e-5)
+  perturb(off, 1)
+  ref = reference_logits(off, TOKENS)
+  assert np.abs(ref - ref0).max() > 1.0
+  np.testing.assert_allclose(off(TOKENS), ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("flags", [dict(write_gate=True), dict(erase=True), dict(link_reads=True),
@@ -78,6 +157,21 @@ def test_each_hybrid_at_neutral_gates_reduces_exactly_to_the_transformer(flags):
     attn.read_modes.kernel[...] = jnp.zeros_like(attn.read_modes.kernel[...])
     attn.read_modes.bias[...] = jnp.tile(jnp.array([-1e4, 1e4, -1e4]), (CFG.n_layers, CFG.n_heads))
   np.testing.assert_allclose(hybrid(TOKENS), plain(TOKENS), rtol=1e-5, atol=1e-5)
+  # the shared weights are exactly the plain model's, plus one projection per flag that is on
+  assert param_paths(hybrid) == PLAIN_PATHS | {f"blocks/attn/{GATES[f]}/{w}" for f in flags
+                                               for w in ("kernel", "bias")}
+  # perturbed shared weights: the neutral hybrid is the numpy softmax Transformer, and every gate that is on
+  # moves the logits far beyond that tolerance once it is input-dependent (so a gate that is dropped, or
+  # mis-wired, is caught)
+  perturb(plain, 1)
+  copy_params(plain, hybrid)
+  set_gates(attn)
+  ref = reference_logits(plain, TOKENS)
+  np.testing.assert_allclose(hybrid(TOKENS), ref, rtol=1e-4, atol=1e-4)
+  for flag in flags:  # one gate input-dependent, the others neutral
+    set_gates(attn, active=(GATES[flag],))
+    moved = float(np.abs(np.asarray(hybrid(TOKENS)) - ref).max())
+    assert moved > 0.1, f"{flag}: an input-dependent gate moved the logits by only {moved:.2e}"
 
 
 def test_hybrid_gates_receive_gradients_and_stay_finite():

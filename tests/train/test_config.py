@@ -23,6 +23,16 @@ def test_overrides_are_parsed_by_field_type():
   assert cfg.data.corpus == "wikitext2" and cfg.data.path == "/tmp/x"
 
 
+def test_optional_bool_fields_take_true_false_none():
+  # model.key_norm defaults to None (resolved by the rule); the README's override must work
+  base = config_lib.load_config("lm_baseline:quick")
+  assert base.model.key_norm is None
+  for raw, want in (("true", True), ("False", False), ("none", None)):
+    cfg = config_lib.apply_overrides(base, [f"--config.model.key_norm={raw}"])
+    assert cfg.model.key_norm is want
+    assert lm_config_from(cfg).model.key_norm is want
+
+
 @pytest.mark.parametrize(
     "override,match",
     [("--config.train.lrr=1", r"unknown config field 'train.lrr'.*valid: \[.*'lr'"),

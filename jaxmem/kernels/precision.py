@@ -1,0 +1,144 @@
+"""Matmul precision for the kernels, and a CPU emulation of reduced-precision matmuls.
+
+A float32 matmul is not computed in float32 everywhere. At ``jax.lax.Precision.DEFAULT``
+a TPU runs one bfloat16 pass (8-bit significand operands, float32 accumulation) and a
+recent NVIDIA GPU may use TensorFloat-32 (11-bit significands); ``HIGH`` is bfloat16×3 on
+TPU (≈ 16-bit operands) and TF32 on GPU; ``HIGHEST`` is full float32 on both. CPUs
+compute float32 at every setting, so a suite that only runs on CPU never sees the
+difference. Recurrences (the associative-memory state, the chunked form's triangular
+inverse) amplify operand rounding, so jaxmem's memory kernels take an explicit
+``precision`` and default to ``"highest"``.
+
+Accepted values (:data:`PRECISIONS`): ``"highest"`` / ``"float32"`` (float32 operands),
+``"high"`` / ``"tensorfloat32"`` (see above), ``"default"`` / ``"bfloat16"`` (the
+platform's fastest: bf16 on TPU, TF32 or float32 on GPU), a :class:`jax.lax.Precision`,
+or ``None`` (whatever ``jax.default_matmul_precision`` says, else the platform default).
+The names are JAX's own (``jax.lax.Precision("tensorfloat32") is Precision.HIGH``).
+
+:func:`emulate_matmul_precision` makes the kernels behave on CPU as they would on a
+platform whose default matmul precision is bfloat16 (TPU) or TF32 (GPU): it also enters
+``jax.default_matmul_precision`` and, while active, rounds the operands of every kernel
+matmul to the significand width that platform would use for the matmul's precision
+(``lax.reduce_precision``; accumulation stays float32). Tests use it to measure what each
+precision costs in accuracy (``jaxmem bench precision`` prints the table) and to check
+that ``"highest"`` keeps float32 accuracy on every platform. It is read when a kernel is
+called (outside ``jit``) and passed to the compiled function as a static argument, so a
+cached compilation never leaks across the context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from typing import Any, Iterator, Optional
+
+import jax
+import jax.numpy as jnp
+from jax.extend import core as jex_core
+
+PRECISIONS = ("highest", "float32", "high", "tensorfloat32", "default", "bfloat16")
+EMULATED_PLATFORMS = ("bfloat16", "tensorfloat32")
+
+# float32 has a 23-bit stored significand; the emulated operand roundings keep:
+_BITS = {"bfloat16": 7, "tensorfloat32": 10, "bfloat16_3x": 16}
+
+_state = threading.local()
+
+
+def check_precision(precision: Any) -> Optional[jax.lax.Precision]:
+  """Canonical :class:`jax.lax.Precision` (None stays None); ``ValueError`` names the argument."""
+  if precision is None or isinstance(precision, jax.lax.Precision):
+    return precision
+  if isinstance(precision, str) and precision.lower() in PRECISIONS:
+    return jax.lax.Precision(precision.lower())
+  raise ValueError(
+      f"`precision` must be one of {list(PRECISIONS)}, a jax.lax.Precision or None, got {precision!r}.")
+
+
+def _emulated() -> Optional[str]:
+  stack = getattr(_state, "stack", None)
+  return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def emulate_matmul_precision(platform_default: str) -> Iterator[None]:
+  """Run kernel matmuls on CPU as on a platform whose default precision is ``platform_default``.
+
+  ``"bfloat16"`` models a TPU (DEFAULT: bf16 operands, HIGH: bf16×3 ≈ 16-bit operands),
+  ``"tensorfloat32"`` an Ampere+ GPU (DEFAULT and HIGH: TF32). HIGHEST is exact in both.
+  Also enters ``jax.default_matmul_precision(platform_default)``.
+  """
+  if platform_default not in EMULATED_PLATFORMS:
+    raise ValueError(f"`platform_default` must be one of {list(EMULATED_PLATFORMS)}, got {platform_default!r}.")
+  stack = getattr(_state, "stack", None)
+  if stack is None:
+    stack = _state.stack = []
+  stack.append(platform_default)
+  try:
+    with jax.default_matmul_precision(platform_default):
+      yield
+  finally:
+    stack.pop()
+
+
+@dataclasses.dataclass(frozen=True)
+class Matmul:
+  """A matmul at a fixed precision (hashable: a static argument of jitted kernels).
+
+  ``operand_bits`` (set only under :func:`emulate_matmul_precision`) rounds both operands
+  to that many stored significand bits before the float32 product.
+  """
+
+  precision: Optional[jax.lax.Precision] = jax.lax.Precision.HIGHEST
+  operand_bits: Optional[int] = None
+
+  def _round(self, x: jax.Array) -> jax.Array:
+    if self.operand_bits is None or not jnp.issubdtype(x.dtype, jnp.floating):
+      return x
+    return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=self.operand_bits)
+
+  def __call__(self, a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a @ b`` (``jnp.matmul`` broadcasting)."""
+    return jnp.matmul(self._round(a), self._round(b), precision=self.precision)
+
+  def einsum(self, spec: str, *operands: jax.Array, **kwargs) -> jax.Array:
+    return jnp.einsum(spec, *(self._round(x) for x in operands), precision=self.precision, **kwargs)
+
+
+def matmul_for(precision: Any = "highest") -> Matmul:
+  """The :class:`Matmul` a kernel called now with ``precision`` should use (reads the emulation)."""
+  p = check_precision(precision)
+  platform = _emulated()
+  bits = None
+  if platform is not None and p != jax.lax.Precision.HIGHEST:
+    if p == jax.lax.Precision.HIGH:
+      bits = _BITS["bfloat16_3x" if platform == "bfloat16" else "tensorfloat32"]
+    else:  # DEFAULT or None: the platform's default
+      bits = _BITS[platform]
+  return Matmul(p, bits)
+
+
+def dot_general_precisions(jaxpr: Any) -> list:
+  """The ``precision`` of every ``dot_general`` in a (closed) jaxpr, sub-jaxprs included.
+
+  A test tool: ``jax.make_jaxpr(f)(...)`` of a kernel (or of its gradient) shows whether
+  every matmul carries the requested precision.
+  """
+  out = []
+
+  def walk(jx):
+    for eqn in jx.eqns:
+      if eqn.primitive.name == "dot_general":
+        out.append(eqn.params.get("precision"))
+      for sub in jex_core.jaxprs_in_params(eqn.params):
+        walk(sub)
+
+  walk(getattr(jaxpr, "jaxpr", jaxpr))
+  return out
+
+
+__all__ = [
+    "EMULATED_PLATFORMS", "Matmul", "PRECISIONS", "check_precision", "dot_general_precisions",
+    "emulate_matmul_precision", "matmul_for",
+]
