@@ -9,6 +9,8 @@ PIP    := $(BIN)/python -m pip
 # constraints.txt pins the versions the suite was last verified with.
 PIP_INSTALL := $(PIP) install --quiet --disable-pip-version-check -c constraints.txt
 PYTEST_ARGS ?=
+# the suite runs on pytest-xdist workers (one per core on the 2-core CI machine); WORKERS=0 runs it in-process
+WORKERS ?= 2
 
 .PHONY: demo test install install-dev bench lint clean
 
@@ -34,7 +36,7 @@ demo: $(VENV)/.installed
 	$(BIN)/jaxmem reproduce --quick --out reports/quick $(if $(DEMO),--only $(DEMO),)
 
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(WORKERS)),,-n $(WORKERS)) $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
 	$(PIP_INSTALL) -e '.[bench]'

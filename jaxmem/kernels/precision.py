@@ -19,17 +19,21 @@ The names are JAX's own (``jax.lax.Precision("tensorfloat32") is Precision.HIGH`
 platform whose default matmul precision is bfloat16 (TPU) or TF32 (GPU): it also enters
 ``jax.default_matmul_precision`` and, while active, rounds the operands of every kernel
 matmul to the significand width that platform would use for the matmul's precision
-(``lax.reduce_precision``; accumulation stays float32). Tests use it to measure what each
-precision costs in accuracy (``jaxmem bench precision`` prints the table) and to check
-that ``"highest"`` keeps float32 accuracy on every platform. It is read when a kernel is
-called (outside ``jit``) and passed to the compiled function as a static argument, so a
-cached compilation never leaks across the context.
+(``lax.reduce_precision``; accumulation stays float32), in the forward pass and in the
+gradient's matmuls (the cotangent and the saved operands are rounded, the products are
+not, as on the hardware). Tests use it to measure what each precision costs in accuracy
+(``jaxmem bench precision`` prints the table) and to check that ``"highest"`` keeps float32
+accuracy on every platform. It is read when a kernel is called and passed to the compiled
+kernel as a static argument; a user's own ``jax.jit`` around a kernel would reuse a trace
+made outside the context, so entering and leaving it clears JAX's caches (it is a
+test and measurement tool, not for production loops).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 from typing import Any, Iterator, Optional
 
@@ -75,11 +79,13 @@ def emulate_matmul_precision(platform_default: str) -> Iterator[None]:
   if stack is None:
     stack = _state.stack = []
   stack.append(platform_default)
+  jax.clear_caches()  # no trace made outside the context is reused inside it, nor the reverse
   try:
     with jax.default_matmul_precision(platform_default):
       yield
   finally:
     stack.pop()
+    jax.clear_caches()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,17 +99,51 @@ class Matmul:
   precision: Optional[jax.lax.Precision] = jax.lax.Precision.HIGHEST
   operand_bits: Optional[int] = None
 
-  def _round(self, x: jax.Array) -> jax.Array:
-    if self.operand_bits is None or not jnp.issubdtype(x.dtype, jnp.floating):
-      return x
-    return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=self.operand_bits)
+  def _apply(self, fn, *operands):
+    if self.operand_bits is None:
+      return fn(*operands)
+    return _rounded_operands(fn, self.operand_bits)(*operands)
 
   def __call__(self, a: jax.Array, b: jax.Array) -> jax.Array:
     """``a @ b`` (``jnp.matmul`` broadcasting)."""
-    return jnp.matmul(self._round(a), self._round(b), precision=self.precision)
+    return self._apply(functools.partial(jnp.matmul, precision=self.precision), a, b)
 
   def einsum(self, spec: str, *operands: jax.Array, **kwargs) -> jax.Array:
-    return jnp.einsum(spec, *(self._round(x) for x in operands), precision=self.precision, **kwargs)
+    return self._apply(functools.partial(jnp.einsum, spec, precision=self.precision, **kwargs), *operands)
+
+
+def _round(x: jax.Array, bits: int) -> jax.Array:
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    return x
+  return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=bits)
+
+
+def _rounded_operands(fn, bits: int):
+  """``fn`` (a multilinear matmul) on operands rounded to ``bits``.
+
+  Its JVP is ``Σ_i round(fn(..., tangent_i, ...))`` with the other operands rounded; since
+  ``reduce_precision`` transposes to itself, the VJP is then ``fnᵀ(round(cotangent))`` with
+  the rounded operands: the transposed matmuls see rounded inputs and accumulate in full
+  precision, as the hardware's do (rounding the operands alone would round their outputs).
+  """
+
+  @jax.custom_jvp
+  def f(*operands):
+    return fn(*(_round(x, bits) for x in operands))
+
+  @f.defjvp
+  def f_jvp(primals, tangents):
+    rounded = [_round(x, bits) for x in primals]
+    out = fn(*rounded)
+    tangent = None
+    for i, t in enumerate(tangents):
+      ops = list(rounded)
+      ops[i] = t
+      term = _round(fn(*ops), bits)
+      tangent = term if tangent is None else tangent + term
+    return out, tangent
+
+  return f
 
 
 def matmul_for(precision: Any = "highest") -> Matmul:

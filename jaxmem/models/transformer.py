@@ -120,9 +120,12 @@ class TransformerConfig:
     if self.assoc_mode not in MODES:
       raise ValueError(f"TransformerConfig.assoc_mode must be one of {list(MODES)}, got {self.assoc_mode!r}.")
     from jaxmem.kernels.precision import PRECISIONS
-    if self.assoc_precision not in PRECISIONS:
+    if not isinstance(self.assoc_precision, str) or self.assoc_precision.lower() not in PRECISIONS:
       raise ValueError(f"TransformerConfig.assoc_precision must be one of {list(PRECISIONS)}, "
                        f"got {self.assoc_precision!r}.")
+    if self.memory == "assoc" and self.assoc_rule == "oja" and self.assoc_mode == "parallel":
+      raise ValueError("TransformerConfig: assoc_rule='oja' has no parallel form; use assoc_mode='chunked', "
+                       "'recurrent' or 'auto'.")
     if self.key_norm is not None and not isinstance(self.key_norm, bool):
       raise ValueError(f"TransformerConfig.key_norm must be None, True or False, got {self.key_norm!r}.")
     if self.feature_map not in ("identity", "elu1"):

@@ -296,8 +296,10 @@ def test_gradients_match_finite_differences_float64(rule):
 
 def test_unit_lower_inverse_matches_numpy():
   r = np.random.default_rng(14)
-  for C in (5, 64):  # 5: padded to 8, one forward-substitution block; 64: three block levels
-    A = np.tril(r.normal(size=(3, C, C)) * 0.3, -1).astype(np.float32)
+  # 5: one forward-substitution block; 64: three block levels; 37 and 100: padded to 40 and
+  # 104 (m·2^L with m ≤ 8), not to a power of two
+  for C in (5, 64, 37, 100):
+    A = np.tril(r.normal(size=(3, C, C)) * (0.3 if C <= 64 else 0.1), -1).astype(np.float32)  # |T| = O(1)
     T = jax.jit(assoc.unit_lower_inverse)(jnp.asarray(A))
     np.testing.assert_allclose(T, np.linalg.inv(np.eye(C) + A.astype(np.float64)), atol=1e-5)
 

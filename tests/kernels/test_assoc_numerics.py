@@ -200,6 +200,31 @@ def test_guard_rejects_nan_beta_and_reads_lists_as_arrays():
     associative_memory(q, k, v, rule="decay", decay=[0.9, 0.9])
 
 
+def test_guard_rejects_non_finite_erase_vectors_and_float16_decays_stay_finite():
+  q, k, v, beta, _, _ = make_inputs(1, 5, 2, 4, 3, seed=32, with_state=False)
+  with pytest.raises(ValueError, match=r"`k` must be finite for rule 'delta'"):
+    associative_memory(q, k.at[0, 2, 1, 0].set(jnp.nan), v, beta, rule="delta")
+  with pytest.raises(ValueError, match=r"`v` must be finite for rule 'oja'"):
+    associative_memory(q, k, v.at[0, 1, 0, 0].set(jnp.inf), beta, rule="oja")
+  # the decay conversion in float16 (where the 1e-30 floor would be 0): finite, in float32
+  g = jnp.asarray([0.0, 1e-3, 0.5, 1.0], jnp.float16)
+  lg = assoc.log_of_decay(g)
+  assert lg.dtype == jnp.float32 and np.isfinite(np.asarray(lg)).all()
+  d16 = jnp.zeros((1, 5, 2), jnp.float16)
+  grad = jax.grad(lambda d: jnp.sum(associative_memory(q, k, v, beta, rule="decay", decay=d)))(d16)
+  assert grad.dtype == jnp.float16 and np.isfinite(np.asarray(grad, np.float32)).all()
+
+
+def test_float64_initial_state_is_accumulated_in_float64():
+  with jax.enable_x64(True):
+    q, k, v, _, _, _ = make_inputs(1, 6, 2, 4, 3, seed=33, with_state=False)
+    S0 = jnp.asarray(np.random.default_rng(34).normal(size=(1, 2, 3, 4)) * (1 + 1e-12), jnp.float64)
+    for mode in ("recurrent", "chunked"):
+      _, S = associative_memory(q, k, v, 0.0, rule="delta", mode=mode, initial_state=S0, return_state=True)
+      assert S.dtype == jnp.float64
+      np.testing.assert_array_equal(S, S0)  # β = 0 writes nothing: the state is untouched, as in step()
+
+
 def test_guard_slack_follows_the_input_dtype():
   # keys L2-normalised in bfloat16 have ‖k‖² = 1 ± ~1%: β = 2 must pass, β = 2.2 must not
   r = np.random.default_rng(17)
@@ -282,6 +307,25 @@ def test_emulation_rounds_operands_like_the_platform():
   a = jnp.asarray([[1.0 + 2.0 ** -9]], jnp.float32)  # representable in TF32, not in bf16
   one = jnp.ones((1, 1), jnp.float32)
   from jaxmem.kernels.precision import matmul_for
+  # gradients: the transposed matmuls see rounded cotangents and operands, and accumulate in
+  # float32 (rounding the operands alone would round the gradient itself instead)
+  r = np.random.default_rng(30)
+  x, y, c = (jnp.asarray(r.normal(size=s), jnp.float32) for s in ((4, 5), (5, 3), (4, 3)))
+  bf = lambda z: z.astype(jnp.bfloat16).astype(jnp.float32)
+  with emulate_matmul_precision("bfloat16"):
+    m = matmul_for("default")
+    gx, gy = jax.grad(lambda x, y: jnp.sum(m(x, y) * c), argnums=(0, 1))(x, y)
+    assert jax.jacfwd(lambda x: m(x, y))(x).shape == (4, 3, 4, 5)  # forward mode works too
+  np.testing.assert_array_equal(gx, np.asarray(bf(c) @ bf(y).T))
+  np.testing.assert_array_equal(gy, np.asarray(bf(x).T @ bf(c)))
+  # a user's jit traced outside the context is not reused inside it (nor the reverse)
+  q, k, v, beta, _, _ = make_inputs(1, 16, 1, 8, 8, seed=31, with_state=False)
+  user = jax.jit(lambda q: associative_memory(q, k, v, beta, rule="delta", mode="chunked", precision="default"))
+  outside = np.asarray(user(q))
+  with emulate_matmul_precision("bfloat16"):
+    inside = np.asarray(user(q))
+  assert np.abs(inside - outside).max() > 1e-4
+  np.testing.assert_array_equal(np.asarray(user(q)), outside)
   with emulate_matmul_precision("bfloat16"):
     assert float(matmul_for("default")(a, one)[0, 0]) == 1.0
     assert float(matmul_for("high")(a, one)[0, 0]) == float(a[0, 0])  # bf16×3 keeps it
@@ -347,17 +391,20 @@ def _max_time_extent(jaxpr, dims):
   return max(sizes)
 
 
-@pytest.mark.parametrize("B", [1, 2])
-def test_chunked_pads_to_the_next_chunk_only(B):
-  # T = 2100, chunk 64: 33 chunks. Padding to whole groups padded this to 4096.
+@pytest.mark.parametrize("B,rule", [(1, "delta"), (2, "delta"), (1, "gated_delta"), (2, "oja")])
+def test_chunked_pads_to_the_next_chunk_only(B, rule):
+  # T = 2100, chunk 64: 33 chunks = 2 groups of 16 and a tail group of 1. Padding to whole
+  # groups padded this to 48 chunks (3072). gated_delta with some decays exactly 0.
   T, H, D = 2100, 4, 8
-  q, k, v, beta, _, _ = make_inputs(B, T, H, D, D, seed=24, with_state=False)
-  f = lambda q, k, v: assoc.chunked(q, k, v, beta, None, jnp.zeros((B, H, D, D)), rule="delta",
-                                    chunk_size=64, group=16)
+  q, k, v, beta, decay, _ = make_inputs(B, T, H, D, D, seed=24, with_state=False)
+  decay = jnp.where(jnp.arange(T)[None, :, None] % 97 == 5, 0.0, decay)
+  d = decay if rule in DECAYS else None
+  f = lambda q, k, v: assoc.chunked(q, k, v, beta, None if d is None else assoc.log_of_decay(d),
+                                    jnp.zeros((B, H, D, D)), rule=rule, chunk_size=64, group=16)
   jaxpr = jax.make_jaxpr(f)(q, k, v)
   assert _max_time_extent(jaxpr, (H, D)) == 33 * 64
   o, S = jax.jit(f)(q, k, v)
-  ref_o, ref_S = numpy_assoc(q, k, v, beta, None, None, "delta")
+  ref_o, ref_S = numpy_assoc(q, k, v, beta, d, None, rule)
   np.testing.assert_allclose(o, ref_o, rtol=1e-4, atol=2e-5)
   np.testing.assert_allclose(S, ref_S, rtol=1e-4, atol=2e-5)
 

@@ -67,6 +67,7 @@ def test_gates_exist_only_where_the_rule_uses_them():
                                       ({"chunk_size": 0}, "chunk_size"),
                                       ({"assoc_mode": "fast"}, "assoc_mode"),
                                       ({"assoc_precision": "fp8"}, "assoc_precision"),
+                                      ({"assoc_rule": "oja", "assoc_mode": "parallel"}, "no parallel form"),
                                       ({"key_norm": 1}, "key_norm"),
                                       ({"erase": True}, "hybrids run on the parallel kernel")])
 def test_bad_circuit_config_raises(kw, match):
