@@ -93,6 +93,7 @@ def test_reproduce_writes_tables_and_figures(synthetic_data_dir, tmp_path, monke
   assert "![learning_curve](lm_baseline/learning_curve.png)" in report
 
 
+@pytest.mark.slow
 def test_bench_dnc_quick_prints_ratio_and_memory(capsys, monkeypatch):
   import jaxmem.bench.dnc as bench_dnc
   monkeypatch.setattr(bench_dnc, "_torch_step_timer", lambda *a: None)
@@ -101,6 +102,7 @@ def test_bench_dnc_quick_prints_ratio_and_memory(capsys, monkeypatch):
   assert "jaxmem DNC (jit, remat)" in out and "XLA temp buffers, jax.checkpoint on the step" in out
 
 
+@pytest.mark.slow
 def test_reproduce_dnc_tasks_tiny(tmp_path, monkeypatch):
   from jaxmem.experiments import dnc_tasks
   monkeypatch.setattr(dnc_tasks, "run_settings", lambda quick: {

@@ -17,6 +17,7 @@ def tiny(quick):
                       seq_len=16, n_steps=3, batch_size=4, eval_batches=1)
 
 
+@pytest.mark.slow
 def test_depth_width_experiment_tiny(tmp_path, monkeypatch):
   monkeypatch.setattr(exp, "settings", tiny)
   trained, train_recall = {}, exp.train_recall

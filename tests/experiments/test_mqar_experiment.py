@@ -4,6 +4,7 @@ import json
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxmem.cli import main
 from jaxmem.experiments import mqar as exp
@@ -41,6 +42,7 @@ def numpy_accuracy(model, stream, n_batches: int) -> float:
   return float(np.mean(accs))
 
 
+@pytest.mark.slow
 def test_mqar_experiment_tiny(tmp_path, monkeypatch):
   tiny = dict(vocab_size=64, seq_len=16, num_kv_pairs=2, widths=(16,), n_layers=1, n_heads=2, n_steps=3,
               batch_size=4, lr=1e-3, eval_batches=1)
