@@ -9,12 +9,6 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
-def pytest_collection_modifyitems(config, items):
-  """Slow end-to-end tests first: on xdist workers they then overlap the many short ones
-  instead of running alone at the end (the suite's wall time on 2 cores)."""
-  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture
 def tiny_shakespeare_path():
   """The real corpus (CI points $JAXMEM_DATA_DIR at ../shared/data); skip if absent."""
