@@ -159,26 +159,24 @@ def matmul_for(precision: Any = "highest") -> Matmul:
   return Matmul(p, bits)
 
 
+def jaxpr_eqns(jaxpr: Any) -> Iterator[Any]:
+  """Every equation of a (closed) jaxpr, those of its sub-jaxprs (scan bodies, jit, custom rules) included."""
+  for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+    yield eqn
+    for sub in jex_core.jaxprs_in_params(eqn.params):
+      yield from jaxpr_eqns(sub)
+
+
 def dot_general_precisions(jaxpr: Any) -> list:
   """The ``precision`` of every ``dot_general`` in a (closed) jaxpr, sub-jaxprs included.
 
   A test tool: ``jax.make_jaxpr(f)(...)`` of a kernel (or of its gradient) shows whether
   every matmul carries the requested precision.
   """
-  out = []
-
-  def walk(jx):
-    for eqn in jx.eqns:
-      if eqn.primitive.name == "dot_general":
-        out.append(eqn.params.get("precision"))
-      for sub in jex_core.jaxprs_in_params(eqn.params):
-        walk(sub)
-
-  walk(getattr(jaxpr, "jaxpr", jaxpr))
-  return out
+  return [e.params.get("precision") for e in jaxpr_eqns(jaxpr) if e.primitive.name == "dot_general"]
 
 
 __all__ = [
     "EMULATED_PLATFORMS", "Matmul", "PRECISIONS", "check_precision", "dot_general_precisions",
-    "emulate_matmul_precision", "matmul_for",
+    "emulate_matmul_precision", "jaxpr_eqns", "matmul_for",
 ]

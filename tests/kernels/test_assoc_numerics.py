@@ -13,12 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.extend import core as jex_core
 from jax.test_util import check_grads
 
 from jaxmem.kernels import assoc
 from jaxmem.kernels.assoc import associative_memory, init_state, step
-from jaxmem.kernels.precision import dot_general_precisions, emulate_matmul_precision
+from jaxmem.kernels.precision import dot_general_precisions, emulate_matmul_precision, jaxpr_eqns
 from jaxmem.kernels.segsum import segsum
 from tests.kernels.test_assoc import DECAYS, RULES, make_inputs, modes_for, numpy_assoc, unit
 
@@ -376,19 +375,8 @@ def test_parallel_delta_rules_at_T_2048(rule, tol):
 
 def _max_time_extent(jaxpr, dims):
   """Largest size of any intermediate's axis 1 (time) among arrays with the given trailing dims."""
-  sizes = []
-
-  def walk(jx):
-    for eqn in jx.eqns:
-      for var in eqn.outvars:
-        shape = getattr(var.aval, "shape", ())
-        if len(shape) >= 2 and tuple(shape[-len(dims):]) == dims:
-          sizes.append(shape[1])
-      for sub in jex_core.jaxprs_in_params(eqn.params):
-        walk(sub)
-
-  walk(jaxpr.jaxpr)
-  return max(sizes)
+  shapes = [getattr(var.aval, "shape", ()) for eqn in jaxpr_eqns(jaxpr) for var in eqn.outvars]
+  return max(s[1] for s in shapes if len(s) >= 2 and tuple(s[-len(dims):]) == dims)
 
 
 @pytest.mark.parametrize("B,rule", [(1, "delta"), (2, "delta"), (1, "gated_delta"), (2, "oja")])
@@ -487,17 +475,7 @@ def test_sequence_form_returns_the_state_in_the_initial_states_dtype():
 
 
 def _scan_lengths(jaxpr):
-  lengths = []
-
-  def walk(jx):
-    for eqn in jx.eqns:
-      if eqn.primitive.name == "scan":
-        lengths.append(eqn.params["length"])
-      for sub in jex_core.jaxprs_in_params(eqn.params):
-        walk(sub)
-
-  walk(jaxpr.jaxpr)
-  return lengths
+  return [e.params["length"] for e in jaxpr_eqns(jaxpr) if e.primitive.name == "scan"]
 
 
 def test_auto_gradient_is_the_chunked_forms_not_the_recurrent_ones():
