@@ -1,18 +1,23 @@
 """Baseline byte-level Transformer LM on Tiny Shakespeare.
 
 Full (accelerator):  jaxmem train --config configs/lm_baseline.py --workdir runs/lm
+  (``configs/lm_baseline.py:full`` is the same config)
 Quick (2 CPU cores, ~5 min):
   jaxmem train --config configs/lm_baseline.py:quick --workdir runs/lm_quick
 Expected (quick): validation 2.46 bits per byte (unigram 4.81, add-0.1 bigram 3.57).
 
+Also the settings of the ``lm_baseline`` experiment (``jaxmem/experiments/foundation/lm_baseline.py``),
+with n-gram baselines and a learning-curve figure:
+  jaxmem reproduce --quick --only lm_baseline     (overrides: --config.lm_baseline.train.n_steps=100)
+
 Every field of the model / data / train dataclasses is present (from their defaults), so
 any of them can be overridden, e.g. a conditioning-circuit LM:
-  --config.model.memory=assoc --config.model.assoc_rule=delta --config.model.key_norm=true
+  --config.model.mixer.name=assoc --config.model.mixer.rule=delta --config.model.mixer.key_norm=true
 """
 
 import ml_collections
 
-from jaxmem.config import to_dict
+from jaxmem.config_files import to_dict
 from jaxmem.train.config import LMConfig
 
 
@@ -30,6 +35,6 @@ def get_config(arg=None):
     c.data.update(seq_len=128, batch_size=32, eval_max_windows=32)
     c.train.update(n_steps=600, lr=3e-3, warmup_steps=50, ckpt_every=200, eval_every=200,
                    log_every=10)
-  elif arg is not None:
-    raise ValueError(f"lm_baseline config variant must be 'quick' or omitted, got {arg!r}.")
+  elif arg not in (None, "full"):
+    raise ValueError(f"lm_baseline config variant must be 'quick' or 'full' (or omitted), got {arg!r}.")
   return c

@@ -27,7 +27,8 @@ def _parser() -> argparse.ArgumentParser:
   e.add_argument("--split", default="validation", choices=["validation", "test", "train"])
   e.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
 
-  r = sub.add_parser("reproduce", help="run registered experiments and write REPORT.md")
+  r = sub.add_parser("reproduce", help="run registered experiments and write REPORT.md",
+                     epilog="Override an experiment's settings with --config.<experiment>.<field>=value.")
   r.add_argument("--quick", action="store_true", help="2-CPU-core sizes (minutes)")
   r.add_argument("--only", action="append", default=None,
                  help="experiment name (repeatable, or comma-separated)")
@@ -48,7 +49,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args, extra = parser.parse_known_args(argv)
   overrides = [a for a in extra if a.startswith("--config.")]
   stray = [a for a in extra if not a.startswith("--config.")]
-  if stray or (overrides and args.command != "train"):
+  if stray or (overrides and args.command not in ("train", "reproduce")):
     parser.error(f"unrecognized arguments: {' '.join(stray or overrides)}")
   try:
     return _dispatch(args, overrides)
@@ -62,10 +63,10 @@ def _dispatch(args, overrides) -> int:
     import jax
     jax.distributed.initialize()
   if args.command == "train":
-    from jaxmem import config as config_lib
+    from jaxmem import config_files
     from jaxmem.data import CorpusNotFoundError
     from jaxmem.train import NonFiniteLossError, train_lm
-    cfg = config_lib.apply_overrides(config_lib.load_config(args.config), overrides)
+    cfg = config_files.apply_overrides(config_files.load_config(args.config), overrides)
     try:
       res = train_lm(cfg, args.workdir, stop_after=args.stop_after, progress=not args.no_progress)
     except CorpusNotFoundError as e:
@@ -91,11 +92,12 @@ def _dispatch(args, overrides) -> int:
     from jaxmem.experiments.report import reproduce
     if args.list:
       for name, exp in load_all().items():
-        print(f"{name:20s} [{exp.paper}] {exp.description}")
+        print(f"{name:24s} [{exp.paper}] configs/{exp.config}.py  {exp.description}")
       return 0
     only = [n for item in (args.only or []) for n in item.split(",") if n]
     out = args.out or ("reports/quick" if args.quick else "reports/full")
-    status = reproduce(out, quick=args.quick, only=only or None, progress=not args.no_progress)
+    status = reproduce(out, quick=args.quick, only=only or None, progress=not args.no_progress,
+                       overrides=overrides)
     print(f"report: {out}/REPORT.md")
     return 1 if any(s["status"] == "failed" for s in status.values()) else 0
 

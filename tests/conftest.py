@@ -71,8 +71,8 @@ TINY_OVERRIDES = [
 
 
 def tiny_lm_config(*extra):
-  from jaxmem import config as config_lib
+  from jaxmem import config_files
   from jaxmem.train.lm import lm_config_from
-  cfg = config_lib.apply_overrides(config_lib.load_config("lm_baseline:quick"),
+  cfg = config_files.apply_overrides(config_files.load_config("lm_baseline:quick"),
                                    TINY_OVERRIDES + list(extra))
   return lm_config_from(cfg)

@@ -47,9 +47,15 @@ def test_eval_of_a_non_run_is_a_clear_error(tmp_path, capsys):
   assert "no config.json" in capsys.readouterr().err
 
 
-def test_stray_arguments_are_rejected(capsys):
+def test_stray_arguments_are_rejected(tmp_path, capsys):
   with pytest.raises(SystemExit):
-    main(["reproduce", "--config.train.lr=1"])
+    main(["eval", "--workdir", str(tmp_path), "--config.train.lr=1"])   # eval takes no config overrides
+  with pytest.raises(SystemExit):
+    main(["reproduce", "--bogus"])
+  # reproduce takes --config.<experiment>.<field>=v; one without an experiment being run is an error
+  assert main(["reproduce", "--only", "lm_baseline", "--out", str(tmp_path / "r"), "--config.train.lr=1"]) == 2
+  assert "--config.<experiment>.<field>=value" in capsys.readouterr().err
+  assert not (tmp_path / "r").exists()
 
 
 def test_reproduce_without_corpus_reports_skipped_with_fix(isolated_data_env, tmp_path, capsys):
@@ -77,17 +83,16 @@ def test_bench_prints_ratios(capsys, monkeypatch):
   assert main(["bench", "nope"]) == 2
 
 
-def test_reproduce_writes_tables_and_figures(synthetic_data_dir, tmp_path, monkeypatch):
-  from jaxmem import config as config_lib
-  from jaxmem.experiments import lm_baseline
-  real_load = config_lib.load_config
-  monkeypatch.setattr(lm_baseline.config_lib, "load_config",
-                      lambda spec: config_lib.apply_overrides(real_load(spec), TINY_OVERRIDES))
+def test_reproduce_writes_tables_and_figures(synthetic_data_dir, tmp_path):
+  # the tiny LM of `jaxmem train` above, as overrides of the lm_baseline experiment's config
+  overrides = ["--config.lm_baseline." + o[len("--config."):] for o in TINY_OVERRIDES]
   out = tmp_path / "report"
   assert main(["reproduce", "--quick", "--only", "lm_baseline", "--out", str(out),
-               "--no_progress"]) == 0
+               "--no_progress", *overrides]) == 0
   report = (out / "REPORT.md").read_text()
   assert "| lm_baseline | ok |" in report and "### Bits per byte on Tiny Shakespeare" in report
+  assert "Transformer (1L d16, 8 steps)" in report   # the overrides reached the run
+  assert "`configs/lm_baseline.py:quick` with `model.d_model=16`" in report
   assert "| bigram (add-0.1) |" in report
   assert (out / "lm_baseline" / "learning_curve.png").stat().st_size > 1000
   assert "![learning_curve](lm_baseline/learning_curve.png)" in report
@@ -100,20 +105,3 @@ def test_bench_dnc_quick_prints_ratio_and_memory(capsys, monkeypatch):
   assert main(["bench", "dnc", "--quick", "--repeats", "1"]) == 0
   out = capsys.readouterr().out
   assert "jaxmem DNC (jit, remat)" in out and "XLA temp buffers, jax.checkpoint on the step" in out
-
-
-@pytest.mark.slow
-def test_reproduce_dnc_tasks_tiny(tmp_path, monkeypatch):
-  from jaxmem.experiments import dnc_tasks
-  monkeypatch.setattr(dnc_tasks, "run_settings", lambda quick: {
-      "n_steps": 4, "batch_size": 4, "lr": 1e-3, "log_every": 1, "eval_batches": (1, 1)})
-  real_specs = dnc_tasks.task_specs
-  monkeypatch.setattr(dnc_tasks, "task_specs", lambda quick: {
-      k: v for k, v in real_specs(quick).items() if k == "copy"})
-  out = tmp_path / "report"
-  assert main(["reproduce", "--quick", "--only", "dnc_tasks", "--out", str(out), "--no_progress"]) == 0
-  report = (out / "REPORT.md").read_text()
-  assert "| dnc_tasks | ok |" in report and "| copy | dnc |" in report
-  assert "| copy | +all_three |" in report and "| copy | sDNC (same weights) |" in report
-  assert (out / "dnc_tasks" / "learning_curves.png").exists()
-  assert "re-run as SDNCTransformer" in report

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmem.bench.timing import time_call
-from jaxmem.experiments.report import markdown_table
+from jaxmem.results import markdown_table
 
 
 def chunked_delta_flops(T: int, H: int, d_k: int, d_v: int, chunk: int, batch: int = 1) -> float:
@@ -33,7 +33,11 @@ def chunked_delta_flops(T: int, H: int, d_k: int, d_v: int, chunk: int, batch: i
   return float(batch * H * n_chunks * per_chunk)
 
 
-def _inputs(B, T, H, D):
+def random_inputs(B, T, H, D):
+  """Benchmark inputs ``(q, k, v [B, T, H, D], beta [B, T, H])``, float32, seeded by ``T``.
+
+  ``q, v`` standard normal, ``k`` L2-normalised, ``beta = sigmoid(normal)`` (so ``β‖k‖² < 2``).
+  """
   kq, kk, kv, kb = jax.random.split(jax.random.key(T), 4)
   q = jax.random.normal(kq, (B, T, H, D), jnp.float32)
   k = jax.random.normal(kk, (B, T, H, D), jnp.float32)
@@ -85,7 +89,7 @@ def bench_assoc(quick: bool = False, repeats: int = 5) -> str:
 
   rows = []
   for T in lengths:
-    x = _inputs(B, T, H, D)
+    x = random_inputs(B, T, H, D)
     t_rf, t_cf = time_call(rec_f, *x, repeats=repeats), time_call(chk_f, *x, repeats=repeats)
     t_rg, t_cg = time_call(rec_g, *x, repeats=repeats), time_call(chk_g, *x, repeats=repeats)
     t_sm = time_call(attn, *x[:3], repeats=repeats)
@@ -102,7 +106,7 @@ def bench_assoc(quick: bool = False, repeats: int = 5) -> str:
           "of 64³ block matmul"]
 
   T = lengths[-1]
-  x = _inputs(B, T, H, D)
+  x = random_inputs(B, T, H, D)
   chunk_rows = []
   for c in (32, 64, 128):
     t_f = time_call(fwd("chunked", c), *x, repeats=repeats)
@@ -128,7 +132,7 @@ def bench_assoc(quick: bool = False, repeats: int = 5) -> str:
   )
 
 
-def _load_fla_naive():
+def load_fla_naive():
   """fla-core's PyTorch reference ``fla/ops/delta_rule/naive.py``, loaded by file path.
 
   Importing ``fla`` itself needs Triton (absent on CPU machines); the naive module only
@@ -162,7 +166,7 @@ def _versus_fla(lengths, B, H, D, chk_f, chk_g, repeats) -> str:
 
   from jaxmem.bench.timing import time_host
 
-  naive = _load_fla_naive()
+  naive = load_fla_naive()
   if naive is None:
     return ("vs fla-core naive chunked delta (PyTorch): not installed — "
             "`pip install -e '.[bench]'` adds torch, dnc and fla-core.\n")
@@ -172,7 +176,7 @@ def _versus_fla(lengths, B, H, D, chk_f, chk_g, repeats) -> str:
 
   rows = []
   for T in lengths:
-    q, k, v, beta = _inputs(B, T, H, D)
+    q, k, v, beta = random_inputs(B, T, H, D)
     # fla layout [b, h, l, d]; its naive form scales q by d^-1/2, so pass q·sqrt(d) for equal outputs
     tq, tk, tv = (torch.from_numpy(np.asarray(x).transpose(0, 2, 1, 3).copy()) for x in (q, k, v))
     tb = torch.from_numpy(np.asarray(beta).transpose(0, 2, 1).copy())

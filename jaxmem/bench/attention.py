@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmem.bench.timing import time_call, time_host
-from jaxmem.experiments.report import markdown_table
+from jaxmem.results import markdown_table
 
 
 def _torch_sdpa_timer(B, T, H, D, repeats) -> Optional[Callable]:

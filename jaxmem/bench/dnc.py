@@ -17,8 +17,8 @@ import optax
 from flax import nnx
 
 from jaxmem.bench.timing import time_call, time_host
-from jaxmem.experiments.report import markdown_table
 from jaxmem.models.dnc import DNC, DNCConfig
+from jaxmem.results import markdown_table
 
 
 def _our_step(cfg: DNCConfig, B: int, T: int):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxmem.experiments.report import markdown_table
+from jaxmem.results import markdown_table
 
 
 def reference_loop(q, k, v, beta, decay, rule):

@@ -8,27 +8,45 @@ import pathlib
 import platform
 import time
 import traceback
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import jax
 
 from jaxmem.experiments import ExperimentResult, RunContext, SkipExperiment, load_all
+from jaxmem.results import markdown_table
 
 
-def markdown_table(headers: Sequence, rows: Sequence) -> str:
-  lines = ["| " + " | ".join(map(str, headers)) + " |", "|" + "---|" * len(headers)]
-  lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
-  return "\n".join(lines)
+def split_overrides(overrides: Sequence[str], names: Sequence[str]) -> dict:
+  """``--config.<experiment>.<field>=v`` -> ``{experiment: ["<field>=v", ...]}``."""
+  out: dict = {n: [] for n in names}
+  for item in overrides:
+    text = item[len("--config."):] if item.startswith("--config.") else item
+    exp, _, rest = text.partition(".")
+    if exp not in out or not rest:
+      raise ValueError(f"override {item!r} must look like --config.<experiment>.<field>=value with "
+                       f"<experiment> one of the experiments being run: {list(names)}.")
+    out[exp].append(rest)
+  return out
 
 
 def reproduce(outdir: str | pathlib.Path, *, quick: bool, only: Optional[Sequence[str]] = None,
-              progress: bool = True, echo=print) -> dict:
-  """Runs experiments (all, or ``only``), writes ``outdir/REPORT.md``; returns statuses."""
+              progress: bool = True, echo=print, overrides: Sequence[str] = (),
+              configs: Optional[Mapping[str, Any]] = None) -> dict:
+  """Runs experiments (all, or ``only``), writes ``outdir/REPORT.md``; returns statuses.
+
+  Each experiment runs with its config file's ``quick`` or full settings, with ``overrides``
+  (``--config.<experiment>.<field>=value``) applied, unless ``configs`` gives its settings."""
   registry = load_all()
   names = list(registry) if not only else list(only)
   unknown = [n for n in names if n not in registry]
   if unknown:
     raise ValueError(f"`--only` names unknown experiment(s) {unknown}; known: {sorted(registry)}.")
+  configs = dict(configs or {})
+  stray = sorted(set(configs) - set(names))
+  if stray:
+    raise ValueError(f"`configs` given for experiment(s) {stray} that are not being run ({names}).")
+  per_exp = split_overrides(overrides, names)
+  settings = {n: configs[n] if n in configs else registry[n].load_config(quick, per_exp[n]) for n in names}
   outdir = pathlib.Path(outdir).expanduser().resolve()
   from jaxmem.train.loop import prepare_workdir
   prepare_workdir(outdir)
@@ -41,7 +59,7 @@ def reproduce(outdir: str | pathlib.Path, *, quick: bool, only: Optional[Sequenc
     echo(f"== {name}: {exp.description}")
     t0 = time.perf_counter()
     try:
-      res: ExperimentResult = exp.run(ctx)
+      res: ExperimentResult = exp.run(ctx, settings[name])
       status[name] = {"status": "ok", "summary": res.summary, "metrics": res.metrics}
       sections.append(_section(exp, res, time.perf_counter() - t0))
       echo(f"   ok: {res.summary}")

@@ -9,6 +9,11 @@
   subtracting cumulative sums).
 * :mod:`~jaxmem.kernels.precision` — matmul precision, and its CPU emulation of bf16 / TF32
   platforms.
+
+Inference has one shape for every memory that has one: ``state = <module>.init(...)``, then
+``state, out = <module>.step(state, ...)`` per token (``assoc.init`` / ``assoc.step``,
+``dnc.init`` / ``dnc.step`` / ``dnc.scan``). The DNC's are exported here under their older,
+unambiguous names ``dnc_init`` / ``dnc_step`` / ``dnc_scan`` (aliases of the same functions).
 """
 
 from jaxmem.kernels import assoc, attention, dnc, precision, sdnc, segsum

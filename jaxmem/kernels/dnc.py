@@ -1,7 +1,7 @@
 """The Differentiable Neural Computer's memory access (Graves et al. 2016, Nature, Methods).
 
 Pure functions on one example; vmap over a batch. Shapes: memory ``[N, W]`` (N slots of
-width W), ``R`` read heads. Step order (one call of :func:`dnc_step`)::
+width W), ``R`` read heads. Step order (one call of :func:`step`)::
 
     usage -> write weights -> erase-then-add write -> link, precedence -> read weights -> reads
 
@@ -32,7 +32,7 @@ NaN came from. Both check shapes always and values only for concrete arrays: und
 (traced values) the value checks are skipped. A non-finite usage makes every allocation
 weight NaN (the sort order is undefined), so it propagates instead of hiding.
 
-dtypes: :func:`dnc_step` computes in ``promote_types(dtype, float32)`` of all its inputs
+dtypes: :func:`step` computes in ``promote_types(dtype, float32)`` of all its inputs
 (bfloat16 / float16 -> float32, float64 stays float64) and returns each state field in its
 own dtype (a ``lax.scan`` carry keeps its type) and the reads in the memory's dtype; so a
 bfloat16 state only rounds what it stores, and float32 is computed exactly as before. A
@@ -77,8 +77,8 @@ class DNCInterface(NamedTuple):
   read_modes: jax.Array       # [R, 3], simplex: (backward, content, forward)
 
 
-def dnc_init(memory_size: int, word_size: int, num_reads: int, dtype=jnp.float32) -> DNCState:
-  """All-zero memory, usage, link, precedence and weights."""
+def init(memory_size: int, word_size: int, num_reads: int, dtype=jnp.float32) -> DNCState:
+  """All-zero memory, usage, link, precedence and weights: the first ``state`` of :func:`step`."""
   N = check_positive_int("memory_size", memory_size)
   W = check_positive_int("word_size", word_size)
   R = check_positive_int("num_reads", num_reads)
@@ -247,7 +247,7 @@ def _out_dtype(x, compute_dtype):
   return dtype if jnp.issubdtype(dtype, jnp.inexact) else compute_dtype
 
 
-def dnc_step(state: DNCState, interface: DNCInterface) -> tuple[DNCState, jax.Array]:
+def step(state: DNCState, interface: DNCInterface) -> tuple[DNCState, jax.Array]:
   """One DNC memory step for one example: ``(state, interface) -> (state, reads [R, W])``.
 
   Computes in ``promote_types(dtype, float32)`` over every state field and interface value
@@ -277,8 +277,8 @@ def dnc_step(state: DNCState, interface: DNCInterface) -> tuple[DNCState, jax.Ar
   return new, reads.astype(_out_dtype(state.memory, dtype))
 
 
-def dnc_scan(state: DNCState, interfaces: DNCInterface, *, remat: bool = True):
-  """``dnc_step`` over a leading time axis of ``interfaces`` with ``lax.scan``.
+def scan(state: DNCState, interfaces: DNCInterface, *, remat: bool = True):
+  """:func:`step` over a leading time axis of ``interfaces`` with ``lax.scan``.
 
   With ``remat=True`` each step is wrapped in ``jax.checkpoint``: the reverse pass keeps
   only the carried state per step (the ``[N, N]`` link among it) and recomputes the
@@ -288,5 +288,12 @@ def dnc_scan(state: DNCState, interfaces: DNCInterface, *, remat: bool = True):
   Returns ``(final state, reads [T, R, W])``.
   """
   check_interface(jax.tree.map(lambda x: x[0], interfaces), state, check_values=False)
-  step = jax.checkpoint(dnc_step) if remat else dnc_step
-  return jax.lax.scan(step, state, interfaces)
+  body = jax.checkpoint(step) if remat else step
+  return jax.lax.scan(body, state, interfaces)
+
+
+# The names before the inference API was unified as init / step (kept: the top-level README
+# and jaxmem.kernels export them).
+dnc_init = init
+dnc_step = step
+dnc_scan = scan

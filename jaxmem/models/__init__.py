@@ -1,10 +1,16 @@
-"""Flax NNX modules, one file per paper architecture; arithmetic lives in kernels/."""
+"""Flax NNX modules: the Transformer body (``transformer``), its token mixers (``mixers/``,
+one file per memory), and one file per paper architecture (``dnc``, ``sdnc``); arithmetic
+lives in ``jaxmem/kernels/``."""
 
+from jaxmem.models import mixers
 from jaxmem.models.dnc import DNC, DNCConfig
+from jaxmem.models.mixers import AssocConfig, MixerConfig, SDNCConfig, SDNCHybridConfig, SoftmaxConfig
 from jaxmem.models.sdnc import EncoderDecoderConfig, SDNCEncoderDecoder, SDNCTransformer, copy_params
 from jaxmem.models.transformer import TransformerConfig, TransformerLM, count_params
 
 __all__ = [
-    "DNC", "DNCConfig", "EncoderDecoderConfig", "SDNCEncoderDecoder", "SDNCTransformer",
-    "TransformerConfig", "TransformerLM", "copy_params", "count_params",
+    "DNC", "AssocConfig", "DNCConfig", "EncoderDecoderConfig", "MixerConfig", "SDNCConfig",
+    "SDNCEncoderDecoder",
+    "SDNCHybridConfig", "SDNCTransformer", "SoftmaxConfig", "TransformerConfig", "TransformerLM", "copy_params",
+    "count_params", "mixers",
 ]

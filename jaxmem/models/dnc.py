@@ -64,7 +64,7 @@ class DNC(nnx.Module):
 
   def initial_state(self, batch_size: int):
     cfg = self.cfg
-    mem = jax.vmap(lambda _: dnc_kernels.dnc_init(cfg.memory_size, cfg.word_size, cfg.num_reads))(
+    mem = jax.vmap(lambda _: dnc_kernels.init(cfg.memory_size, cfg.word_size, cfg.num_reads))(
         jnp.arange(batch_size))
     h = jnp.zeros((batch_size, cfg.hidden_size))
     reads = jnp.zeros((batch_size, cfg.num_reads * cfg.word_size))
@@ -97,7 +97,7 @@ class DNC(nnx.Module):
       out = self._clip(out)
       xi = self._clip(model.interface(out))
       it = jax.vmap(lambda z: dnc_kernels.parse_interface(z, cfg.word_size, cfg.num_reads))(xi)
-      mem, r = jax.vmap(dnc_kernels.dnc_step)(mem, it)
+      mem, r = jax.vmap(dnc_kernels.step)(mem, it)
       reads = r.reshape(B, -1)
       y = model.readout(jnp.concatenate([out, reads], axis=-1))
       return (h, c, mem, reads), y

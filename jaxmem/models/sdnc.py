@@ -1,12 +1,12 @@
 """Transformers read as stateless DNCs (Tang & Xie 2026), in Flax NNX.
 
 * :class:`SDNCTransformer` — the decoder-only Transformer whose every attention layer is
-  run as a read of a write-once memory (``TransformerConfig.memory = "sdnc"``). Heads are
+  run as a read of a write-once memory (the ``"sdnc"`` mixer, ``SDNCConfig``). Heads are
   read heads, ``W_O`` mixes the read vectors. It computes the same function as
   :class:`~jaxmem.models.transformer.TransformerLM` with the same weights (tested); it
   exists to make the equivalence executable, not for speed.
-* The paper's hybrids are flags on the one Transformer (``write_gate``, ``erase``,
-  ``link_reads`` in :class:`~jaxmem.models.transformer.TransformerConfig`), each reducing
+* The paper's hybrids are the ``"sdnc_hybrid"`` mixer (flags ``write_gate``, ``erase``,
+  ``link_reads`` of :class:`~jaxmem.models.mixers.SDNCHybridConfig`), each reducing
   exactly to the plain model when off.
 * :class:`SDNCEncoderDecoder` — cross-attention as an sDNC with two memories: the
   decoder's own write-as-you-go memory and a fixed memory written once by the encoder,
@@ -23,16 +23,21 @@ from flax import nnx
 from jaxmem._checks import check_config_ints
 from jaxmem.kernels.attention import softmax_attention
 from jaxmem.kernels.sdnc import sdnc_cross_attention
+from jaxmem.models.mixers import SDNCConfig, SoftmaxConfig
 from jaxmem.models.transformer import Block, FeedForward, TransformerConfig, TransformerLM
 
 
 class SDNCTransformer(TransformerLM):
-  """``TransformerLM`` with ``memory="sdnc"``: attention run as write-once memory reads."""
+  """``TransformerLM`` whose softmax mixers run as sDNC reads (``SDNCConfig``), same weights."""
 
   def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
-    if cfg.hybrid:
-      raise ValueError("SDNCTransformer runs plain sDNC reads; set the hybrid flags on TransformerLM.")
-    super().__init__(dataclasses.replace(cfg, memory="sdnc"), rngs=rngs)
+    def as_sdnc(m):
+      if not isinstance(m, (SoftmaxConfig, SDNCConfig)):
+        raise ValueError(f"SDNCTransformer runs plain sDNC reads of softmax mixers, got mixer {m.name!r}; "
+                         "build hybrids as TransformerLM(mixer=SDNCHybridConfig(...)).")
+      return SDNCConfig(short_conv=m.short_conv)
+    mixer = tuple(map(as_sdnc, cfg.mixer)) if isinstance(cfg.mixer, tuple) else as_sdnc(cfg.mixer)
+    super().__init__(dataclasses.replace(cfg, mixer=mixer), rngs=rngs)
 
 
 class CrossMemoryRead(nnx.Module):
@@ -50,7 +55,7 @@ class CrossMemoryRead(nnx.Module):
     H, K = self.cfg.n_heads, self.cfg.head_dim
     q = self.q(x_BTD).reshape(B, T, H, K)
     kv = self.kv(mem_BSD).reshape(B, S, 2, H, K)
-    read = sdnc_cross_attention if self.cfg.memory == "sdnc" else (
+    read = sdnc_cross_attention if isinstance(self.cfg.layer_mixer(0), SDNCConfig) else (
         lambda q, k, v: softmax_attention(q, k, v, causal=False))
     return self.out(read(q, kv[:, :, 0], kv[:, :, 1]).reshape(B, T, self.cfg.d_model))
 

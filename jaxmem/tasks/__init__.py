@@ -5,11 +5,15 @@
   masked sigmoid cross-entropy / bit error rate used with them.
 * :mod:`~jaxmem.tasks.babi` — procedural bAbI-style stories (tasks 1, 2, 7), a loader for
   a local copy of the real bAbI files, and word-id encoding.
-* :mod:`~jaxmem.tasks.multiquery` — Zoology's multi-query associative recall and its
-  multi-hop extension.
+* :mod:`~jaxmem.tasks.mqar` — Zoology's multi-query associative recall
+  (``jaxmem.tasks.mqar.mqar``), its multi-hop extension and resumable streams of both
+  (:func:`~jaxmem.tasks.mqar.mqar_stream`, :func:`~jaxmem.tasks.mqar.multihop_stream`).
+
+``jaxmem.tasks.mqar`` is the module (the generator function of the same name is not
+re-exported here, so the name means one thing).
 """
 
-from jaxmem.tasks import algorithmic, babi, multiquery
+from jaxmem.tasks import algorithmic, babi, mqar
 from jaxmem.tasks.algorithmic import (
     TaskBatch,
     associative_recall,
@@ -29,12 +33,11 @@ from jaxmem.tasks.babi import (
     parse_babi,
     tokenize,
 )
-from jaxmem.tasks.multiquery import MQARBatch, mqar, multihop_recall
+from jaxmem.tasks.mqar import MQARBatch, mqar_stream, multihop_recall, multihop_stream
 
 __all__ = [
     "BabiExample", "EncodedBabi", "MQARBatch", "TaskBatch", "Vocabulary", "algorithmic",
     "associative_recall", "babi", "bit_error_rate", "copy_task", "encode_examples", "generate_babi",
-    "load_babi", "masked_sigmoid_cross_entropy", "mqar", "multihop_recall", "multiquery", "parse_babi",
-    "priority_sort",
-    "repeat_copy", "tokenize",
+    "load_babi", "masked_sigmoid_cross_entropy", "mqar", "mqar_stream", "multihop_recall",
+    "multihop_stream", "parse_babi", "priority_sort", "repeat_copy", "tokenize",
 ]

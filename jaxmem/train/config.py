@@ -1,4 +1,4 @@
-"""Typed, frozen configs for the training stack (built from ConfigDicts by jaxmem.config)."""
+"""Typed, frozen configs for the training stack (built from ConfigDicts by jaxmem.config_files)."""
 
 from __future__ import annotations
 

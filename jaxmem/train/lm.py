@@ -1,10 +1,10 @@
-"""Language modelling on byte corpora: loss, bits-per-byte evaluation, a train entry point."""
+"""Language modelling on byte corpora: bits-per-byte evaluation and a train entry point (the loss
+is :func:`jaxmem.train.losses.lm_loss`)."""
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import pathlib
 from typing import Optional
@@ -16,30 +16,13 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxmem import config as config_lib
+from jaxmem import config_files
 from jaxmem.data import RandomWindows, eval_windows, load_corpus
 from jaxmem.data.corpora import Corpus
 from jaxmem.models.transformer import TransformerLM
 from jaxmem.train import loop
 from jaxmem.train.config import LMConfig
-
-LN2 = math.log(2.0)
-
-
-def token_nll(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
-  """Per-token negative log-likelihood in nats, float32."""
-  logp = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
-  return -jnp.take_along_axis(logp, targets_BT[..., None], axis=-1)[..., 0]
-
-
-def lm_loss(model: nnx.Module, batch: dict) -> tuple:
-  """Mean next-byte NLL (nats) over the batch; metrics add bits per byte."""
-  nll = token_nll(model(batch["inputs"]), batch["targets"])
-  if "mask" in batch:
-    loss = (nll * batch["mask"]).sum() / jnp.maximum(batch["mask"].sum(), 1.0)
-  else:
-    loss = nll.mean()
-  return loss, {"bpb": loss / LN2}
+from jaxmem.train.losses import LN2, lm_loss, token_nll
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -79,12 +62,12 @@ def lm_config_from(cfg) -> LMConfig:
   """ConfigDict / dict / LMConfig -> LMConfig (unknown fields raise ValueError)."""
   if isinstance(cfg, LMConfig):
     return cfg
-  return config_lib.to_dataclass(LMConfig, cfg)
+  return config_files.to_dataclass(LMConfig, cfg)
 
 
 def _check_saved_config(workdir: pathlib.Path, cfg: LMConfig) -> None:
   path = workdir / "config.json"
-  new = config_lib.to_dict(cfg)
+  new = config_files.to_dict(cfg)
   if path.exists():
     old = json.loads(path.read_text())
     for section in ("model", "data"):

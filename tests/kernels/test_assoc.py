@@ -12,7 +12,7 @@ import pytest
 from jax.test_util import check_grads
 
 from jaxmem.kernels import assoc
-from jaxmem.kernels.assoc import associative_memory, init_state, step
+from jaxmem.kernels.assoc import associative_memory, init, step
 
 RULES = ["hebb", "delta", "oja", "decay", "gated_delta"]
 DECAYS = ("decay", "gated_delta")
@@ -197,8 +197,8 @@ def test_step_over_a_sequence_equals_the_sequence_form(rule):
   np.testing.assert_allclose(S, S_seq, rtol=1e-4, atol=2e-5)
 
 
-def test_init_state_and_step_from_empty_memory():
-  S = init_state(2, 3, 5, 4)
+def test_init_and_step_from_empty_memory():
+  S = init(2, 3, 5, 4)
   assert S.shape == (2, 3, 4, 5) and S.dtype == jnp.float32 and not S.any()
   q = k = jnp.ones((2, 3, 5)) / np.sqrt(5)
   v = jnp.ones((2, 3, 4))
@@ -337,7 +337,7 @@ def test_unstable_delta_is_rejected_with_concrete_values():
   with pytest.raises(ValueError, match=r"‖v_t‖²"):
     associative_memory(q, k, 2.0 * v, rule="oja")
   with pytest.raises(ValueError, match=r"beta_t·‖k_t‖²"):
-    step(init_state(1, 2, 4, 3), q[:, 0], big_k[:, 0], v[:, 0], rule="delta")
+    step(init(1, 2, 4, 3), q[:, 0], big_k[:, 0], v[:, 0], rule="delta")
   # the guard's way out, and rules without an erase term, are accepted
   associative_memory(q, big_k, v, rule="delta", normalize_keys=True)
   associative_memory(q, big_k, v, rule="hebb")
@@ -427,6 +427,10 @@ def test_step_bad_input_raises(args, kwargs, match):
     step(*(jnp.zeros(s) for s in args), **kwargs)
 
 
-def test_init_state_rejects_bad_sizes():
+def test_init_rejects_bad_sizes():
   with pytest.raises(ValueError, match=r"`d_k` must be a positive integer"):
-    init_state(1, 2, 0, 3)
+    init(1, 2, 0, 3)
+
+
+def test_init_state_is_the_old_name_of_init():
+  assert assoc.init_state is init

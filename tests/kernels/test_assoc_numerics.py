@@ -16,7 +16,7 @@ import pytest
 from jax.test_util import check_grads
 
 from jaxmem.kernels import assoc
-from jaxmem.kernels.assoc import associative_memory, init_state, step
+from jaxmem.kernels.assoc import associative_memory, init, step
 from jaxmem.kernels.precision import dot_general_precisions, emulate_matmul_precision, jaxpr_eqns
 from jaxmem.kernels.segsum import segsum
 from tests.kernels.test_assoc import DECAYS, RULES, make_inputs, modes_for, numpy_assoc, unit
@@ -267,7 +267,7 @@ def test_every_matmul_carries_the_precision_values_and_gradients(rule, mode):
 
 
 def test_step_carries_the_precision():
-  S = init_state(1, 2, 4, 3)
+  S = init(1, 2, 4, 3)
   q = k = jnp.ones((1, 2, 4)) / 2
   v = jnp.ones((1, 2, 3))
   found = dot_general_precisions(jax.make_jaxpr(lambda S: step(S, q, k, v, 0.5, rule="gated_delta",
@@ -451,7 +451,7 @@ def test_step_keeps_a_bfloat16_carry_and_accumulates_in_float32():
       qt, kt, vt, bt, gt = x
       S, o = step(S, qt, kt, vt, bt, gt, rule="gated_delta")
       return S, o
-    return jax.lax.scan(body, init_state(B, H, Dk, Dv, dtype), xs)  # raises if the carry dtype changes
+    return jax.lax.scan(body, init(B, H, Dk, Dv, dtype), xs)  # raises if the carry dtype changes
 
   S16, o16 = run(jnp.bfloat16)
   S32, o32 = run(jnp.float32)

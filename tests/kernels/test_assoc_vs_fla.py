@@ -4,16 +4,16 @@ import jax
 import numpy as np
 import pytest
 
-from jaxmem.bench.assoc import _inputs, _load_fla_naive
+from jaxmem.bench.assoc import load_fla_naive, random_inputs
 from jaxmem.kernels.assoc import associative_memory
 
 
 def test_chunked_delta_equals_fla_naive_chunkwise():
-  naive = _load_fla_naive()
+  naive = load_fla_naive()
   if naive is None:
     pytest.skip("fla-core / torch not installed (pip install -e '.[bench]')")
   import torch
-  q, k, v, beta = _inputs(2, 100, 3, 60)  # T not a multiple of the chunk, D not a power of two
+  q, k, v, beta = random_inputs(2, 100, 3, 60)  # T not a multiple of the chunk, D not a power of two
   ours = associative_memory(q, k, v, beta, rule="delta", mode="chunked", chunk_size=32)
   t = lambda x: torch.from_numpy(np.asarray(x).transpose(0, 2, 1, 3).copy())
   tb = torch.from_numpy(np.asarray(beta).transpose(0, 2, 1).copy())

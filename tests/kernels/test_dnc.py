@@ -57,9 +57,9 @@ def random_interface(key, n_words=W, n_reads=R, scale=1.0):
 
 
 def test_steps_match_numpy_reference():
-  state = dnc.dnc_init(N, W, R)
+  state = dnc.init(N, W, R)
   np_state = tuple(np.asarray(x) for x in state)
-  step = jax.jit(dnc.dnc_step)
+  step = jax.jit(dnc.step)
   for t in range(6):
     it = random_interface(jax.random.key(t))
     state, reads = step(state, it)
@@ -70,9 +70,9 @@ def test_steps_match_numpy_reference():
 
 
 def test_link_diagonal_is_zero():
-  state = dnc.dnc_init(N, W, R)
+  state = dnc.init(N, W, R)
   for t in range(5):
-    state, _ = dnc.dnc_step(state, random_interface(jax.random.key(10 + t)))
+    state, _ = dnc.step(state, random_interface(jax.random.key(10 + t)))
   assert np.all(np.diag(np.asarray(state.link)) == 0)
   assert np.abs(np.asarray(state.link)).sum() > 0
 
@@ -110,11 +110,11 @@ def test_allocation_ties_break_stably():
 
 
 def test_erase_one_at_a_one_hot_location_clears_that_row():
-  state = dnc.dnc_init(N, W, R)._replace(memory=jax.random.normal(jax.random.key(0), (N, W)))
+  state = dnc.init(N, W, R)._replace(memory=jax.random.normal(jax.random.key(0), (N, W)))
   # full usage except slot 3 -> allocation is one-hot at 3
   state = state._replace(usage=jnp.ones(N).at[3].set(0.0))
   it = _write_only(0)._replace(write_vector=jnp.zeros((W,)))
-  new, _ = dnc.dnc_step(state, it)
+  new, _ = dnc.step(state, it)
   np.testing.assert_allclose(new.write_weights, jax.nn.one_hot(3, N), atol=1e-6)
   np.testing.assert_allclose(new.memory[3], 0.0, atol=1e-6)
   np.testing.assert_allclose(np.delete(np.asarray(new.memory), 3, 0),
@@ -124,32 +124,32 @@ def test_erase_one_at_a_one_hot_location_clears_that_row():
 def test_reduces_to_write_once_memory_with_shift_link():
   """Free gates 0, allocation & write gates 1: slot t gets write t; link = sub-diagonal shift."""
   T = N
-  state = dnc.dnc_init(N, W, R)
+  state = dnc.init(N, W, R)
   values = jax.random.normal(jax.random.key(1), (T, W))
   for t in range(T):
-    state, _ = dnc.dnc_step(state, _write_only(0)._replace(write_vector=values[t]))
+    state, _ = dnc.step(state, _write_only(0)._replace(write_vector=values[t]))
   np.testing.assert_allclose(state.memory, values, atol=1e-6)
   np.testing.assert_allclose(state.link, np.eye(N, k=-1), atol=1e-6)
 
 
 def test_forward_mode_reads_the_successor():
-  state = dnc.dnc_init(N, W, R)
+  state = dnc.init(N, W, R)
   values = jax.random.normal(jax.random.key(2), (3, W))
   for t in range(3):
-    state, _ = dnc.dnc_step(state, _write_only(0)._replace(write_vector=values[t]))
+    state, _ = dnc.step(state, _write_only(0)._replace(write_vector=values[t]))
   # attend slot 0, then read forward with no write: should get slot 1
   state = state._replace(read_weights=jnp.tile(jax.nn.one_hot(0, N), (R, 1)))
   it = _write_only(0)._replace(write_gate=jnp.zeros(()),
                                read_modes=jnp.tile(jnp.array([0.0, 0.0, 1.0]), (R, 1)))
-  _, reads = dnc.dnc_step(state, it)
+  _, reads = dnc.step(state, it)
   np.testing.assert_allclose(reads[0], values[1], atol=1e-5)
 
 
 def _loss_over_steps(xis, n_steps=3, n_words=3, n_reads=2, n_slots=4):
-  state = dnc.dnc_init(n_slots, n_words, n_reads, dtype=xis.dtype)
+  state = dnc.init(n_slots, n_words, n_reads, dtype=xis.dtype)
   total = 0.0
   for t in range(n_steps):
-    state, reads = dnc.dnc_step(state, dnc.parse_interface(xis[t], n_words, n_reads))
+    state, reads = dnc.step(state, dnc.parse_interface(xis[t], n_words, n_reads))
     total = total + jnp.sum(reads * jnp.arange(1, reads.size + 1).reshape(reads.shape))
   return total
 
@@ -167,7 +167,7 @@ def test_no_nan_over_1000_steps_values_and_gradients(scale):
 
   def loss(xis):
     its = jax.vmap(lambda x: dnc.parse_interface(x, n_words, n_reads))(xis)
-    state, reads = dnc.dnc_scan(dnc.dnc_init(n_slots, n_words, n_reads), its)
+    state, reads = dnc.scan(dnc.init(n_slots, n_words, n_reads), its)
     return jnp.sum(reads ** 2) + jnp.sum(state.memory)
 
   value, grad = jax.jit(jax.value_and_grad(loss))(xis)
@@ -176,12 +176,12 @@ def test_no_nan_over_1000_steps_values_and_gradients(scale):
 
 
 def test_extreme_strengths_and_zero_memory_have_finite_gradients():
-  state = dnc.dnc_init(N, W, R)
+  state = dnc.init(N, W, R)
   def loss(strength):
     it = random_interface(jax.random.key(5))._replace(
         read_strengths=jnp.full((R,), strength), write_strength=strength)
-    s, reads = dnc.dnc_step(state, it)
-    s, reads = dnc.dnc_step(s, it)
+    s, reads = dnc.step(state, it)
+    s, reads = dnc.step(s, it)
     return jnp.sum(reads)
   for strength in (1.0, 1e3, 1e6):
     g = jax.grad(loss)(jnp.float32(strength))
@@ -191,10 +191,10 @@ def test_extreme_strengths_and_zero_memory_have_finite_gradients():
 def test_scan_equals_python_loop_of_steps():
   its = [random_interface(jax.random.key(20 + t)) for t in range(4)]
   stacked = jax.tree.map(lambda *x: jnp.stack(x), *its)
-  state_a, reads_a = dnc.dnc_scan(dnc.dnc_init(N, W, R), stacked)
-  state_b = dnc.dnc_init(N, W, R)
+  state_a, reads_a = dnc.scan(dnc.init(N, W, R), stacked)
+  state_b = dnc.init(N, W, R)
   for t, it in enumerate(its):
-    state_b, r = dnc.dnc_step(state_b, it)
+    state_b, r = dnc.step(state_b, it)
     np.testing.assert_allclose(reads_a[t], r, rtol=1e-5, atol=1e-6)
   for a, b in zip(state_a, state_b, strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -202,7 +202,7 @@ def test_scan_equals_python_loop_of_steps():
 
 def test_parse_interface_ranges_and_bad_length():
   it = random_interface(jax.random.key(6), scale=10.0)
-  dnc.check_interface(it, dnc.dnc_init(N, W, R))  # in range: no error
+  dnc.check_interface(it, dnc.init(N, W, R))  # in range: no error
   assert float(it.read_strengths.min()) >= 1 and float(it.write_strength) >= 1
   np.testing.assert_allclose(it.read_modes.sum(-1), 1.0, rtol=1e-6)
   with pytest.raises(ValueError, match=r"`xi` must have shape \[\d+\]"):
@@ -220,15 +220,19 @@ def test_parse_interface_ranges_and_bad_length():
 def test_bad_interfaces_raise(field, value, match):
   it = random_interface(jax.random.key(7))._replace(**{field: value})
   with pytest.raises(ValueError, match=match):
-    dnc.check_interface(it, dnc.dnc_init(N, W, R))
+    dnc.check_interface(it, dnc.init(N, W, R))
 
 
 def test_step_rejects_wrong_shapes_even_under_jit():
   it = random_interface(jax.random.key(8))._replace(write_key=jnp.zeros((W + 2,)))
   with pytest.raises(ValueError, match="write_key"):
-    jax.jit(dnc.dnc_step)(dnc.dnc_init(N, W, R), it)
+    jax.jit(dnc.step)(dnc.init(N, W, R), it)
   with pytest.raises(ValueError, match="`memory_size`"):
-    dnc.dnc_init(0, W, R)
+    dnc.init(0, W, R)
+
+
+def test_old_names_are_aliases_of_init_step_scan():
+  assert (dnc.dnc_init, dnc.dnc_step, dnc.dnc_scan) == (dnc.init, dnc.step, dnc.scan)
 
 
 @pytest.mark.parametrize("usage", [
@@ -258,8 +262,8 @@ def test_non_finite_usage_propagates_through_allocation_and_step(bad, slot):
   assert np.isnan(a).all(), a
   # the argsort form is non-finite too (NaN / -inf at the bad slot only): neither is silently finite
   assert not np.isfinite(np.asarray(dnc.allocation_weights_sorted(u))).all()
-  state = dnc.dnc_init(N, W, R)._replace(usage=u)
-  new, _ = jax.jit(dnc.dnc_step)(state, random_interface(jax.random.key(30)))
+  state = dnc.init(N, W, R)._replace(usage=u)
+  new, _ = jax.jit(dnc.step)(state, random_interface(jax.random.key(30)))
   assert not np.isfinite(np.asarray(new.write_weights)).any(), new.write_weights
 
 
@@ -275,9 +279,9 @@ def test_finiteness_guard_keeps_values_and_gradients_of_finite_usage():
 
 
 def _some_state():
-  state = dnc.dnc_init(N, W, R)
+  state = dnc.init(N, W, R)
   for t in range(2):
-    state, _ = dnc.dnc_step(state, random_interface(jax.random.key(40 + t)))
+    state, _ = dnc.step(state, random_interface(jax.random.key(40 + t)))
   return state
 
 
@@ -302,7 +306,7 @@ def test_check_state_wrong_shape_names_the_field_even_under_jit(field, shape):
   with pytest.raises(ValueError, match=rf"state\.{field} must have shape"):
     dnc.check_state(bad)
   with pytest.raises(ValueError, match=rf"state\.{field} must have shape"):
-    jax.jit(dnc.dnc_step)(bad, random_interface(jax.random.key(31)))
+    jax.jit(dnc.step)(bad, random_interface(jax.random.key(31)))
 
 
 def test_check_state_skips_values_of_traced_states():
@@ -314,7 +318,7 @@ def test_check_state_skips_values_of_traced_states():
 def test_check_interface_reports_nan_strength_as_non_finite_with_its_index():
   it = random_interface(jax.random.key(32))._replace(read_strengths=jnp.array([2.0, jnp.nan, 3.0]))
   with pytest.raises(ValueError, match=r"interface\.read_strengths must be finite.*index \(1,\)") as err:
-    dnc.check_interface(it, dnc.dnc_init(N, W, R))
+    dnc.check_interface(it, dnc.init(N, W, R))
   assert ">= 1" not in str(err.value)
 
 
@@ -323,7 +327,7 @@ def test_check_interface_reports_nan_strength_as_non_finite_with_its_index():
 # A bfloat16 state vs the float32 computation from the same (rounded) start: abs and rel tolerance over a
 # few steps, while usages stay apart. Usages closer than bf16's spacing (2^-8 near 1) tie when stored in
 # bf16, and the allocation may then pick another slot than float32 would (a discrete jump no tolerance
-# covers; e.g. from dnc_init's zero memory, where uniform content weights make near-equal usages).
+# covers; e.g. from dnc.init's zero memory, where uniform content weights make near-equal usages).
 BF16_TOL = 2e-2
 
 
@@ -349,19 +353,19 @@ def _stacked_interfaces(T, seed, dtype=jnp.float32):
 def _spread_state(seed, dtype):
   """Random memory and read weights, usages spread over [0.1, 0.9]: values rounded to ``dtype``."""
   k_m, k_u, k_r = jax.random.split(jax.random.key(seed), 3)
-  state = dnc.dnc_init(N, W, R)._replace(
+  state = dnc.init(N, W, R)._replace(
       memory=jax.random.normal(k_m, (N, W)), usage=jax.random.permutation(k_u, jnp.linspace(0.1, 0.9, N)),
       read_weights=jax.nn.softmax(jax.random.normal(k_r, (R, N)), axis=-1))
   return dnc.DNCState(*(x.astype(dtype) for x in state))
 
 
-_scan = jax.jit(lambda s, i: jax.lax.scan(dnc.dnc_step, s, i))
+_scan = jax.jit(lambda s, i: jax.lax.scan(dnc.step, s, i))
 
 
 def test_float32_step_is_bitwise_unchanged():
   its = _stacked_interfaces(6, 50)
-  state_a, reads_a = jax.jit(lambda s, i: jax.lax.scan(dnc.dnc_step, s, i))(dnc.dnc_init(N, W, R), its)
-  state_b, reads_b = jax.jit(lambda s, i: jax.lax.scan(_reference_step, s, i))(dnc.dnc_init(N, W, R), its)
+  state_a, reads_a = jax.jit(lambda s, i: jax.lax.scan(dnc.step, s, i))(dnc.init(N, W, R), its)
+  state_b, reads_b = jax.jit(lambda s, i: jax.lax.scan(_reference_step, s, i))(dnc.init(N, W, R), its)
   names = dnc.DNCState._fields + ("reads",)
   for name, a, b in zip(names, (*state_a, reads_a), (*state_b, reads_b), strict=True):
     assert a.dtype == jnp.float32, name

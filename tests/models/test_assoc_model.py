@@ -1,4 +1,4 @@
-"""Conditioning-circuit Transformer: memory="assoc" with a learning rule as a config field."""
+"""Conditioning-circuit Transformer: the "assoc" mixer with a learning rule as a config field."""
 
 import dataclasses
 
@@ -8,11 +8,21 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxmem.models import TransformerConfig, TransformerLM
-from jaxmem.models.transformer import MultiHeadAttention
+from jaxmem.models import AssocConfig, TransformerConfig, TransformerLM
+from jaxmem.models.mixers import AssociativeMemory
 
-BASE = TransformerConfig(d_model=24, n_layers=2, n_heads=3, d_ff=40, max_len=16, memory="assoc",
-                         chunk_size=4)
+MIXER = AssocConfig(chunk_size=4)
+BASE = TransformerConfig(d_model=24, n_layers=2, n_heads=3, d_ff=40, max_len=16, mixer=MIXER)
+
+
+def model_cfg(body=None, **mixer_kw):
+  """BASE (with ``body`` fields replaced) whose assoc mixer has ``mixer_kw`` replaced."""
+  return dataclasses.replace(BASE, **(body or {}), mixer=dataclasses.replace(MIXER, **mixer_kw))
+
+
+def layer(**mixer_kw):
+  return AssociativeMemory(dataclasses.replace(MIXER, **mixer_kw), d_model=24, n_heads=3, n_layers=2,
+                           dtype="float32", rngs=nnx.Rngs(0))
 X = jax.random.normal(jax.random.key(1), (2, 11, 24))
 TOKENS = jax.random.randint(jax.random.key(0), (2, 11), 0, 256)
 
@@ -25,27 +35,25 @@ def linear_attention(q, k, v):
 
 @pytest.mark.parametrize("feature_map", ["identity", "elu1"])
 def test_hebb_circuit_is_linear_attention_then_w_o(feature_map):
-  layer = MultiHeadAttention(dataclasses.replace(BASE, assoc_rule="hebb", feature_map=feature_map),
-                             rngs=nnx.Rngs(0))
-  qkv = layer.qkv(X).reshape(2, 11, 3, 3, 8)
+  lay = layer(rule="hebb", feature_map=feature_map)
+  qkv = lay.qkv(X).reshape(2, 11, 3, 3, 8)
   q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
   if feature_map == "elu1":
     q, k = jax.nn.elu(q) + 1, jax.nn.elu(k) + 1
-  expected = linear_attention(q, k, v).reshape(2, 11, 24) @ layer.out.kernel[...]
-  np.testing.assert_allclose(layer(X), expected, rtol=1e-4, atol=1e-5)
+  expected = linear_attention(q, k, v).reshape(2, 11, 24) @ lay.out.kernel[...]
+  np.testing.assert_allclose(lay(X), expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("rule", ["delta", "oja", "decay", "gated_delta"])
 def test_chunked_and_recurrent_circuits_agree_in_the_model(rule):
-  cfg = dataclasses.replace(BASE, assoc_rule=rule, key_norm=True)
-  a = TransformerLM(dataclasses.replace(cfg, assoc_mode="recurrent"), rngs=nnx.Rngs(0))
-  b = TransformerLM(dataclasses.replace(cfg, assoc_mode="chunked"), rngs=nnx.Rngs(0))
+  a = TransformerLM(model_cfg(rule=rule, key_norm=True, mode="recurrent"), rngs=nnx.Rngs(0))
+  b = TransformerLM(model_cfg(rule=rule, key_norm=True, mode="chunked"), rngs=nnx.Rngs(0))
   np.testing.assert_allclose(a(TOKENS), b(TOKENS), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("rule", ["hebb", "delta", "oja", "gated_delta"])
 def test_circuit_model_is_causal_by_gradient(rule):
-  model = TransformerLM(dataclasses.replace(BASE, assoc_rule=rule, key_norm=True), rngs=nnx.Rngs(0))
+  model = TransformerLM(model_cfg(rule=rule, key_norm=True), rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
   x = model.embed_tokens(TOKENS)
   t = 5
@@ -55,24 +63,28 @@ def test_circuit_model_is_causal_by_gradient(rule):
 
 
 def test_gates_exist_only_where_the_rule_uses_them():
-  layer = lambda rule: MultiHeadAttention(dataclasses.replace(BASE, assoc_rule=rule), rngs=nnx.Rngs(0))
-  assert layer("hebb").beta is None and layer("hebb").decay is None
-  assert layer("delta").beta is not None and layer("delta").decay is None
-  assert layer("decay").beta is None and layer("decay").decay is not None
-  assert layer("gated_delta").beta is not None and layer("gated_delta").decay is not None
+  assert layer(rule="hebb").beta is None and layer(rule="hebb").decay is None
+  assert layer(rule="delta").beta is not None and layer(rule="delta").decay is None
+  assert layer(rule="decay").beta is None and layer(rule="decay").decay is not None
+  assert layer(rule="gated_delta").beta is not None and layer(rule="gated_delta").decay is not None
 
 
-@pytest.mark.parametrize("kw,match", [({"assoc_rule": "anti_hebb"}, "assoc_rule"),
+@pytest.mark.parametrize("kw,match", [({"rule": "anti_hebb"}, "AssocConfig.rule"),
                                       ({"feature_map": "relu"}, "feature_map"),
                                       ({"chunk_size": 0}, "chunk_size"),
-                                      ({"assoc_mode": "fast"}, "assoc_mode"),
-                                      ({"assoc_precision": "fp8"}, "assoc_precision"),
-                                      ({"assoc_rule": "oja", "assoc_mode": "parallel"}, "no parallel form"),
-                                      ({"key_norm": 1}, "key_norm"),
-                                      ({"erase": True}, "hybrids run on the parallel kernel")])
+                                      ({"mode": "fast"}, "AssocConfig.mode"),
+                                      ({"precision": "fp8"}, "AssocConfig.precision"),
+                                      ({"rule": "oja", "mode": "parallel"}, "no parallel form"),
+                                      ({"key_norm": 1}, "key_norm")])
 def test_bad_circuit_config_raises(kw, match):
   with pytest.raises(ValueError, match=match):
-    dataclasses.replace(BASE, **kw)
+    dataclasses.replace(MIXER, **kw)
+
+
+def test_hybrid_flags_are_not_fields_of_the_circuit():
+  # the sDNC hybrids are their own mixer now; an assoc mixer cannot take them
+  with pytest.raises(TypeError, match="erase"):
+    dataclasses.replace(MIXER, erase=True)
 
 
 def test_circuit_lm_trains(synthetic_data_dir, tmp_path):
@@ -80,8 +92,8 @@ def test_circuit_lm_trains(synthetic_data_dir, tmp_path):
 
   from jaxmem.train import train_lm
   from tests.conftest import tiny_lm_config
-  cfg = tiny_lm_config("--config.model.memory=assoc", "--config.model.assoc_rule=delta",
-                       "--config.model.key_norm=true", "--config.model.chunk_size=8",
+  cfg = tiny_lm_config("--config.model.mixer.name=assoc", "--config.model.mixer.rule=delta",
+                       "--config.model.mixer.key_norm=true", "--config.model.mixer.chunk_size=8",
                        "--config.train.n_steps=30", "--config.train.ckpt_every=30")
   res = train_lm(cfg, tmp_path / "w", progress=False)
   losses = [r["loss"] for r in res.history if "loss" in r]
@@ -110,12 +122,12 @@ def _all_finite(tree):
 
 def test_erase_vectors_are_normalised_by_default_for_the_erasing_rules():
   for rule in RULES:
-    cfg = dataclasses.replace(BASE, assoc_rule=rule)
+    cfg = dataclasses.replace(MIXER, rule=rule)
     assert cfg.key_norm is None and cfg.normalizes_erase == (rule in ("delta", "oja", "gated_delta"))
     assert dataclasses.replace(cfg, key_norm=False).normalizes_erase is False  # the raw rule: opt-out
     assert dataclasses.replace(cfg, key_norm=True).normalizes_erase is True
   with pytest.raises(ValueError, match="key_norm"):
-    dataclasses.replace(BASE, key_norm="yes")
+    dataclasses.replace(MIXER, key_norm="yes")
 
 
 @pytest.mark.parametrize("rule,mode",
@@ -123,7 +135,7 @@ def test_erase_vectors_are_normalised_by_default_for_the_erasing_rules():
 def test_qkv_weights_times_ten_stay_finite_under_jit(rule, mode):
   # Large projections make ‖k‖² ≫ 2/β: the raw delta / oja rules diverge, and under jit no
   # eager guard can see it. The default (normalised erase vectors) is stable by construction.
-  cfg = dataclasses.replace(BASE, assoc_rule=rule, assoc_mode=mode, max_len=64)
+  cfg = model_cfg({"max_len": 64}, rule=rule, mode=mode)
   model = TransformerLM(cfg, rngs=nnx.Rngs(0))
   model.blocks.attn.qkv.kernel[...] = 10.0 * model.blocks.attn.qkv.kernel[...]
   tokens = jax.random.randint(jax.random.key(2), (2, 64), 0, 256)
@@ -136,19 +148,18 @@ def test_qkv_weights_times_ten_stay_finite_under_jit(rule, mode):
 def test_decay_gates_that_underflow_to_zero_stay_finite(rule, mode):
   # σ(−200) is exactly 0 in float32: the model passes log σ (finite) instead of σ, so
   # log γ is never log 0 and values and gradients (also of the gate itself) stay finite.
-  model = TransformerLM(dataclasses.replace(BASE, assoc_rule=rule, assoc_mode=mode), rngs=nnx.Rngs(0))
+  model = TransformerLM(model_cfg(rule=rule, mode=mode), rngs=nnx.Rngs(0))
   assert float(jax.nn.sigmoid(jnp.float32(-200.0))) == 0.0
   model.blocks.attn.decay.bias[...] = jnp.full_like(model.blocks.attn.decay.bias[...], -200.0)
   loss, logits, grads = _loss_and_grads(model, TOKENS)
   assert np.isfinite(float(loss)) and _all_finite(logits) and _all_finite(grads)
   # a memory that forgets everything each step reads only the current token: o_t = β v_t k_tᵀ q_t
-  layer_cfg = dataclasses.replace(BASE, assoc_rule=rule, assoc_mode=mode)
-  layer = MultiHeadAttention(layer_cfg, rngs=nnx.Rngs(0))
-  layer.decay.bias[...] = jnp.full_like(layer.decay.bias[...], -200.0)
-  qkv = layer.qkv(X).reshape(2, 11, 3, 3, 8)
+  lay = layer(rule=rule, mode=mode)
+  lay.decay.bias[...] = jnp.full_like(lay.decay.bias[...], -200.0)
+  qkv = lay.qkv(X).reshape(2, 11, 3, 3, 8)
   q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-  if layer_cfg.normalizes_erase:
+  if lay.cfg.normalizes_erase:
     k = k / jnp.sqrt(jnp.sum(k * k, -1, keepdims=True) + 1e-6)
-  beta = 1.0 if layer.beta is None else jax.nn.sigmoid(layer.beta(X))[..., None]
+  beta = 1.0 if lay.beta is None else jax.nn.sigmoid(lay.beta(X))[..., None]
   o = beta * v * jnp.sum(k * q, -1, keepdims=True)
-  np.testing.assert_allclose(layer(X), o.reshape(2, 11, 24) @ layer.out.kernel[...], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(lay(X), o.reshape(2, 11, 24) @ lay.out.kernel[...], rtol=1e-4, atol=1e-5)

@@ -18,7 +18,7 @@ def manual_forward(m: DNC, x):
   B, T, _ = x.shape
   h = c = jnp.zeros((B, cfg.hidden_size))
   reads = jnp.zeros((B, cfg.num_reads * cfg.word_size))
-  mems = [K.dnc_init(cfg.memory_size, cfg.word_size, cfg.num_reads) for _ in range(B)]
+  mems = [K.init(cfg.memory_size, cfg.word_size, cfg.num_reads) for _ in range(B)]
   ys = []
   Wc, bc = m.cell.kernel[...], m.cell.bias[...]
   Wi, bi = m.interface.kernel[...], m.interface.bias[...]
@@ -32,7 +32,7 @@ def manual_forward(m: DNC, x):
     xi = jnp.clip(out @ Wi + bi[None], -cfg.clip_value, cfg.clip_value)
     rs = []
     for b in range(B):
-      mems[b], r = K.dnc_step(mems[b], K.parse_interface(xi[b], cfg.word_size, cfg.num_reads))
+      mems[b], r = K.step(mems[b], K.parse_interface(xi[b], cfg.word_size, cfg.num_reads))
       rs.append(r.reshape(-1))
     reads = jnp.stack(rs)
     ys.append(jnp.concatenate([out, reads], -1) @ Wy + by[None])

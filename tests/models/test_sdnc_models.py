@@ -10,13 +10,16 @@ from flax import nnx
 
 from jaxmem.models import (
   EncoderDecoderConfig,
+  SDNCConfig,
   SDNCEncoderDecoder,
+  SDNCHybridConfig,
   SDNCTransformer,
+  SoftmaxConfig,
   TransformerConfig,
   TransformerLM,
   copy_params,
+  mixers,
 )
-from jaxmem.models.transformer import MultiHeadAttention
 
 CFG = TransformerConfig(d_model=24, n_layers=2, n_heads=3, d_ff=40, max_len=16)
 TOKENS = jax.random.randint(jax.random.key(0), (2, 11), 0, 256)
@@ -31,8 +34,9 @@ def pure_loss(model, tokens):
 
 def test_multihead_sdnc_read_with_w_o_is_standard_mha():
   x = jax.random.normal(jax.random.key(1), (2, 9, 24))
-  mha = MultiHeadAttention(CFG, rngs=nnx.Rngs(0))
-  sdnc = MultiHeadAttention(dataclasses.replace(CFG, memory="sdnc"), rngs=nnx.Rngs(7))
+  dims = dict(d_model=24, n_heads=3, n_layers=2, dtype="float32")
+  mha = mixers.build(SoftmaxConfig(), **dims, rngs=nnx.Rngs(0))
+  sdnc = mixers.build(SDNCConfig(), **dims, rngs=nnx.Rngs(7))
   copy_params(mha, sdnc)
   np.testing.assert_allclose(sdnc(x), mha(x), rtol=1e-5, atol=1e-6)
   # and independently of our kernel: heads as jax.nn.dot_product_attention, then W_O
@@ -126,8 +130,8 @@ def set_gates(attn, active=(), seed: int = 5) -> None:
 def test_hybrid_flags_off_is_the_plain_transformer():
   """Flags off: no gate parameters, and the logits are the plain softmax Transformer's as written out in
   numpy from the same (perturbed, so every term matters) weights — two different computations."""
-  off = TransformerLM(dataclasses.replace(CFG, write_gate=False, erase=False, link_reads=False),
-                      rngs=nnx.Rngs(0))
+  off = TransformerLM(dataclasses.replace(CFG, mixer=SDNCHybridConfig(write_gate=False, erase=False,
+                                                                      link_reads=False)), rngs=nnx.Rngs(0))
   assert param_paths(off) == PLAIN_PATHS
   attn = off.blocks.attn
   assert attn.write_gate is None and attn.erase_gate is None and attn.read_modes is None
@@ -144,7 +148,7 @@ def test_hybrid_flags_off_is_the_plain_transformer():
                                    dict(write_gate=True, erase=True, link_reads=True)])
 def test_each_hybrid_at_neutral_gates_reduces_exactly_to_the_transformer(flags):
   plain = TransformerLM(CFG, rngs=nnx.Rngs(0))
-  hybrid = TransformerLM(dataclasses.replace(CFG, **flags), rngs=nnx.Rngs(4))
+  hybrid = TransformerLM(dataclasses.replace(CFG, mixer=SDNCHybridConfig(**flags)), rngs=nnx.Rngs(4))
   copy_params(plain, hybrid)
   attn = hybrid.blocks.attn
   neutral = {"write_gate": 1e4, "erase_gate": 1e4}
@@ -175,8 +179,8 @@ def test_each_hybrid_at_neutral_gates_reduces_exactly_to_the_transformer(flags):
 
 
 def test_hybrid_gates_receive_gradients_and_stay_finite():
-  hybrid = TransformerLM(dataclasses.replace(CFG, write_gate=True, erase=True, link_reads=True),
-                         rngs=nnx.Rngs(0))
+  hybrid = TransformerLM(dataclasses.replace(CFG, mixer=SDNCHybridConfig(write_gate=True, erase=True,
+                                                                         link_reads=True)), rngs=nnx.Rngs(0))
   f, state = pure_loss(hybrid, TOKENS)
   grads = jax.grad(f)(state)
   for name in ("write_gate", "erase_gate", "read_modes"):
@@ -185,16 +189,20 @@ def test_hybrid_gates_receive_gradients_and_stay_finite():
 
 
 def test_hybrid_with_sdnc_memory_is_rejected():
-  with pytest.raises(ValueError, match="hybrids run on the parallel kernel"):
-    TransformerConfig(memory="sdnc", erase=True)
-  with pytest.raises(ValueError, match="memory must be"):
-    TransformerConfig(memory="dnc")
+  # a hybrid on the sDNC scan kernel cannot be spelled any more (the hybrids are their own mixer);
+  # the sDNC Transformer refuses a hybrid config, and unknown mixers are named
+  with pytest.raises(ValueError, match="SDNCTransformer runs plain sDNC reads"):
+    SDNCTransformer(dataclasses.replace(CFG, mixer=SDNCHybridConfig(erase=True)), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="mixer must be"):
+    TransformerConfig(mixer="dnc")
+  with pytest.raises(ValueError, match="unknown mixer 'dnc'"):
+    mixers.MixerConfig.from_dict({"name": "dnc"})
 
 
 def test_encoder_decoder_two_memory_sdnc_equals_cross_attention_model():
   cfg = EncoderDecoderConfig(decoder=CFG, n_enc_layers=2)
   plain = SDNCEncoderDecoder(cfg, rngs=nnx.Rngs(0))
-  sdnc = SDNCEncoderDecoder(dataclasses.replace(cfg, decoder=dataclasses.replace(CFG, memory="sdnc")),
+  sdnc = SDNCEncoderDecoder(dataclasses.replace(cfg, decoder=dataclasses.replace(CFG, mixer=SDNCConfig())),
                             rngs=nnx.Rngs(9))
   copy_params(plain, sdnc)
   src = jax.random.randint(jax.random.key(2), (2, 7), 0, 256)

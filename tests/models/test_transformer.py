@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxmem.models import TransformerConfig, TransformerLM, count_params
+from jaxmem.models import AssocConfig, SoftmaxConfig, TransformerConfig, TransformerLM, count_params
 
 TINY = dict(d_model=24, n_layers=2, n_heads=3, d_ff=40, max_len=16)
 
@@ -39,7 +39,7 @@ def test_causality_by_gradient(t):
 
 
 def test_loss_at_t_has_zero_gradient_wrt_later_inputs():
-  from jaxmem.train.lm import token_nll
+  from jaxmem.train.losses import token_nll
   model = make()
   tokens = jax.random.randint(jax.random.key(2), (1, 9), 0, 256)
   targets = jnp.roll(tokens, -1, axis=1)
@@ -92,11 +92,13 @@ def test_bad_config_raises(kw, match):
     TransformerConfig(**{**TINY, **kw})
 
 
-# --- short convolution (short_conv=K) -------------------------------------------------
+# --- short convolution (short_conv=K, a field of the q/k/v mixers) ---------------------
+
+MIXERS = {"softmax": SoftmaxConfig, "assoc": lambda **kw: AssocConfig(rule="delta", key_norm=True, **kw)}
 
 
 def test_short_conv_matches_a_numpy_loop_values_and_gradients():
-  from jaxmem.models.transformer import ShortConv
+  from jaxmem.models.mixers import ShortConv
   conv = ShortConv(3, 5, rngs=nnx.Rngs(0))
   w = np.asarray(jax.random.normal(jax.random.key(0), (3, 5)), np.float64)
   conv.kernel[...] = jnp.asarray(w, jnp.float32)
@@ -118,14 +120,14 @@ def test_short_conv_matches_a_numpy_loop_values_and_gradients():
 @pytest.mark.parametrize("memory", ["softmax", "assoc"])
 def test_short_conv_starts_as_the_identity(memory):
   """A fresh short conv (w_0 = 1) leaves the model equal to the same weights without it."""
-  plain, conv = make(memory=memory), make(memory=memory, short_conv=4)
+  plain, conv = make(mixer=MIXERS[memory]()), make(mixer=MIXERS[memory](short_conv=4))
   tokens = jax.random.randint(jax.random.key(4), (2, 11), 0, 256)
   np.testing.assert_allclose(plain(tokens), conv(tokens), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("memory", ["softmax", "assoc"])
 def test_short_conv_model_is_causal_by_gradient(memory):
-  model = make(memory=memory, short_conv=3, assoc_rule="delta", key_norm=True)
+  model = make(mixer=MIXERS[memory](short_conv=3))
   # random taps so every tap carries gradient
   for blk_kernel in [model.blocks.attn.conv.kernel]:
     blk_kernel[...] = jax.random.normal(jax.random.key(5), blk_kernel[...].shape)
@@ -138,12 +140,13 @@ def test_short_conv_model_is_causal_by_gradient(memory):
 
 
 def test_short_conv_must_be_non_negative():
-  with pytest.raises(ValueError, match="short_conv"):
-    TransformerConfig(short_conv=-1)
+  for mixer in (SoftmaxConfig, AssocConfig):
+    with pytest.raises(ValueError, match="short_conv"):
+      mixer(short_conv=-1)
 
 
 @pytest.mark.parametrize("width,channels,match", [(0, 4, "width"), (3, 0, "channels")])
 def test_short_conv_module_rejects_bad_sizes(width, channels, match):
-  from jaxmem.models.transformer import ShortConv
+  from jaxmem.models.mixers import ShortConv
   with pytest.raises(ValueError, match=match):
     ShortConv(width, channels, rngs=nnx.Rngs(0))

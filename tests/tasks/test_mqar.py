@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxmem.tasks.multiquery import mqar
+from jaxmem.tasks.mqar import mqar
 
 
 def test_layout_matches_the_specification():
@@ -58,7 +58,7 @@ def test_bad_arguments_raise(kw, match):
 
 # --- multi-hop recall ------------------------------------------------------------------
 
-from jaxmem.tasks.multiquery import multihop_recall  # noqa: E402
+from jaxmem.tasks.mqar import multihop_recall  # noqa: E402
 
 
 @pytest.mark.parametrize("hops", [1, 2, 3])
@@ -104,3 +104,27 @@ def test_multihop_bad_arguments_raise(kw, match):
   args = dict(batch_size=2, vocab_size=128, seq_len=32, num_chains=4, hops=2)
   with pytest.raises(ValueError, match=match):
     multihop_recall(jax.random.key(0), **{**args, **kw})
+
+
+# --- resumable streams -----------------------------------------------------------------
+
+from jaxmem.tasks.mqar import mqar_stream, multihop_stream  # noqa: E402
+
+
+@pytest.mark.parametrize("make,fn,kw", [
+    (mqar_stream, mqar, dict(batch_size=3, vocab_size=64, seq_len=16, num_kv_pairs=2)),
+    (multihop_stream, multihop_recall, dict(batch_size=3, vocab_size=64, seq_len=24, num_chains=2, hops=2))])
+def test_streams_are_resumable_and_keyed_by_seed_and_position(make, fn, kw):
+  it = make(5, **kw)
+  batches = [next(it) for _ in range(3)]
+  assert set(batches[0]) == {"inputs", "targets", "mask"}
+  for i in (2, 0, 1):                                # batch_at(i) of a fresh stream = the i-th batch
+    fresh = make(5, **kw).batch_at(i)
+    for k in batches[i]:
+      np.testing.assert_array_equal(fresh[k], batches[i][k])
+  want = fn(jax.random.fold_in(jax.random.key(5), 2), **kw)   # the generator at fold_in(key(seed), position)
+  np.testing.assert_array_equal(batches[2]["inputs"], np.asarray(want.inputs))
+  resumed = make(0, **kw)
+  resumed.set_state(it.get_state())                  # {seed, position} is the whole state
+  np.testing.assert_array_equal(next(resumed)["inputs"], next(it)["inputs"])
+  assert not np.array_equal(make(6, **kw).batch_at(0)["inputs"], batches[0]["inputs"])

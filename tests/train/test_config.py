@@ -1,21 +1,25 @@
 """Config files, --config.field=value overrides, and typed dataclass validation."""
 
+import json
+
+import ml_collections
 import pytest
 
-from jaxmem import config as config_lib
+from jaxmem import config_files
+from jaxmem.models import AssocConfig, SoftmaxConfig, TransformerConfig
 from jaxmem.train import LMConfig, TrainConfig
 from jaxmem.train.lm import lm_config_from
 
 
 def test_quick_variant_loads_and_converts():
-  cfg = lm_config_from(config_lib.load_config("configs/lm_baseline.py:quick"))
+  cfg = lm_config_from(config_files.load_config("configs/lm_baseline.py:quick"))
   assert isinstance(cfg, LMConfig) and cfg.model.d_model == 128 and cfg.train.n_steps == 600
-  assert lm_config_from(config_lib.load_config("lm_baseline")).model.n_layers == 6
+  assert lm_config_from(config_files.load_config("lm_baseline")).model.n_layers == 6
 
 
 def test_overrides_are_parsed_by_field_type():
-  cfg = config_lib.apply_overrides(
-      config_lib.load_config("lm_baseline:quick"),
+  cfg = config_files.apply_overrides(
+      config_files.load_config("lm_baseline:quick"),
       ["--config.train.lr=0.5", "--config.model.n_layers=2", "--config.model.remat=true",
        "--config.data.corpus=wikitext2", "--config.data.path=/tmp/x"],
   )
@@ -24,13 +28,41 @@ def test_overrides_are_parsed_by_field_type():
 
 
 def test_optional_bool_fields_take_true_false_none():
-  # model.key_norm defaults to None (resolved by the rule); the README's override must work
-  base = config_lib.load_config("lm_baseline:quick")
-  assert base.model.key_norm is None
+  # the assoc mixer's key_norm defaults to None (resolved by the rule); the README's override must work
+  base = config_files.apply_overrides(config_files.load_config("lm_baseline:quick"),
+                                      ["--config.model.mixer.name=assoc"])
+  assert base.model.mixer.key_norm is None
   for raw, want in (("true", True), ("False", False), ("none", None)):
-    cfg = config_lib.apply_overrides(base, [f"--config.model.key_norm={raw}"])
-    assert cfg.model.key_norm is want
-    assert lm_config_from(cfg).model.key_norm is want
+    cfg = config_files.apply_overrides(base, [f"--config.model.mixer.key_norm={raw}"])
+    assert cfg.model.mixer.key_norm is want
+    assert lm_config_from(cfg).model.mixer.key_norm is want
+
+
+def test_switching_the_mixer_by_name_takes_that_mixers_fields():
+  base = config_files.load_config("lm_baseline:quick")
+  assert base.model.mixer.name == "softmax"
+  cfg = config_files.apply_overrides(base, ["--config.model.mixer.name=assoc",
+                                            "--config.model.mixer.rule=delta",
+                                            "--config.model.mixer.chunk_size=8"])
+  model = lm_config_from(cfg).model
+  assert model.mixer == AssocConfig(rule="delta", chunk_size=8)
+  # a field of another mixer, and an unknown mixer, are named errors
+  with pytest.raises(ValueError, match=r"mixer has no field 'rule'"):
+    config_files.apply_overrides(base, ["--config.model.mixer.rule=delta"])
+  with pytest.raises(ValueError, match=r"unknown mixer 'lstm'"):
+    config_files.apply_overrides(base, ["--config.model.mixer.name=lstm"])
+  with pytest.raises(ValueError, match=r"unknown field\(s\) \['rule'\] for mixer 'softmax'"):
+    lm_config_from({"model": {"mixer": {"name": "softmax", "rule": "delta"}}})
+
+
+def test_a_per_layer_mixer_tuple_round_trips_through_dicts():
+  mixer = (SoftmaxConfig(), AssocConfig(rule="gated_delta", key_norm=True), SoftmaxConfig(short_conv=2))
+  cfg = LMConfig(model=TransformerConfig(n_layers=3, mixer=mixer))
+  as_dict = config_files.to_dict(cfg)
+  assert as_dict["model"]["mixer"][1] == {**AssocConfig().to_dict(), "rule": "gated_delta", "key_norm": True}
+  back = lm_config_from(ml_collections.ConfigDict(as_dict))
+  assert back == cfg and back.model.mixer == mixer
+  assert json.loads(json.dumps(as_dict)) == as_dict  # what config.json in a workdir holds
 
 
 @pytest.mark.parametrize(
@@ -43,7 +75,7 @@ def test_optional_bool_fields_take_true_false_none():
 )
 def test_bad_overrides_raise(override, match):
   with pytest.raises(ValueError, match=match):
-    config_lib.apply_overrides(config_lib.load_config("lm_baseline:quick"), [override])
+    config_files.apply_overrides(config_files.load_config("lm_baseline:quick"), [override])
 
 
 def test_unknown_fields_in_a_dict_config_raise():
@@ -53,9 +85,9 @@ def test_unknown_fields_in_a_dict_config_raise():
 
 def test_unknown_config_file_and_variant_raise():
   with pytest.raises(ValueError, match="no config named 'nope'"):
-    config_lib.load_config("nope")
+    config_files.load_config("nope")
   with pytest.raises(ValueError, match="variant"):
-    config_lib.load_config("lm_baseline:huge")
+    config_files.load_config("lm_baseline:huge")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,1 @@
+"""The baseline every paper is compared with: a byte-level Transformer LM."""

@@ -1,0 +1,1 @@
+"""Experiments of the sDNC paper (``docs/papers/sdnc.md``): DNC vs Transformer vs hybrids."""

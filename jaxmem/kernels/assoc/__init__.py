@@ -1,0 +1,414 @@
+"""Associative matrix memory: Hebb, delta, Oja and decaying (gated) updates, read ``S q``.
+
+The Pavlovian reading of attention (``docs/papers/pavlovian.md``): keys are conditioned stimuli,
+values unconditioned stimuli, and the forward pass binds them into a matrix that a query reads.
+State ``S [D_v, D_k]`` per head ("US × CS"; ``[B, H, D_v, D_k]`` batched), **read after write**
+``o_t = S_t q_t``; ``q, k [B, T, H, D_k]``, ``v [B, T, H, D_v]``, ``beta, decay [B, T, H]``.
+
+Rules (``rule=``), ``β_t`` the write strength, ``γ_t ∈ [0, 1]`` the decay:
+
+* ``hebb``: ``S_t = S_{t−1} + β_t v_t k_tᵀ`` — linear attention (Katharopoulos et al. 2020,
+  "Transformers are RNNs"; Schlag, Irie & Schmidhuber 2021, "Linear Transformers Are Secretly
+  Fast Weight Programmers")
+* ``delta``: ``S_t = S_{t−1} + β_t (v_t − S_{t−1} k_t) k_tᵀ`` — DeltaNet (Schlag et al. 2021)
+* ``oja``: ``S_t = S_{t−1} + β_t (v_t k_tᵀ − v_t v_tᵀ S_{t−1})`` — Oja 1982, "Simplified neuron
+  model as a principal component analyzer", with the US as post-synaptic signal
+* ``decay``: ``S_t = γ_t S_{t−1} + β_t v_t k_tᵀ`` — RetNet (Sun et al. 2023) / gated linear attention
+* ``gated_delta``: ``S_t = γ_t S_{t−1} + β_t (v_t − γ_t S_{t−1} k_t) k_tᵀ`` — Gated DeltaNet
+  (Yang, Kautz & Hatamizadeh 2025, "Gated Delta Networks: Improving Mamba2 with Delta Rule")
+
+Forms (``mode=``; equal up to float rounding, tested). ``recurrent``: ``lax.scan`` of the literal
+update (:mod:`.recurrent`; also the inference pair :func:`init` / :func:`step`). ``parallel``:
+masked quadratic form, one UT chunk for delta (:mod:`.parallel`). ``chunked``: the UT / WY transform
+of Yang et al. 2024 (:mod:`.chunked`). ``auto``: chunked when differentiated or on accelerators,
+recurrent for a forward-only CPU call (a ``jax.custom_jvp``).
+
+========= ===== ===== ===== ===== ===========
+mode      hebb  delta oja   decay gated_delta
+========= ===== ===== ===== ===== ===========
+recurrent yes   yes   yes   yes   yes
+parallel  yes   yes   no    yes   yes
+chunked   yes   yes   yes   yes   yes
+========= ===== ===== ===== ===== ===========
+
+Decays: ``log_decay = log γ ∈ [−inf, 0]`` (e.g. ``jax.nn.log_sigmoid(z)``) or ``decay = γ ∈ [0, 1]``
+(read as ``log max(γ, 1e-30)``, :func:`log_of_decay`); values and gradients are finite on the whole
+range; concrete values outside it raise ``ValueError``.
+Stability: the erasing rules (``ERASE_RULES``) need ``0 ≤ β_t‖a_t‖² ≤ 2`` with ``a = k`` (``v`` for
+oja); concrete violations raise ``ValueError``; under ``jit`` only construction guards it
+(``normalize_keys=True`` for the delta rules; normalise ``v`` for oja).
+
+Derivations and measurements: ``jaxmem/kernels/assoc/README.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmem._checks import check_choice, check_equal, check_positive_int, check_rank, shape_of
+from jaxmem.kernels.assoc.chunked import chunked, chunked_head, unit_lower_inverse
+from jaxmem.kernels.assoc.common import DECAY_RULES, ERASE_RULES, MODES, RULES, acc_dtype
+from jaxmem.kernels.assoc.parallel import parallel_head
+from jaxmem.kernels.assoc.recurrent import recurrent_head, update
+from jaxmem.kernels.precision import matmul_for
+
+# ``chunked`` names both the submodule jaxmem/kernels/assoc/chunked.py and, bound here after it,
+# its sequence function: ``assoc.chunked`` is the function (as before the split); import the
+# module's other names with ``from jaxmem.kernels.assoc.chunked import ...``.
+
+_NORM_EPS = 1e-6
+# decay= values below this are read as it (log-space kernels; see log_of_decay)
+DECAY_FLOOR = 1e-30
+
+
+def l2_normalize(x: jax.Array) -> jax.Array:
+  """``x / ‖x‖₂`` over the last axis (``+ 1e-6`` under the root): the ``normalize_keys`` guard."""
+  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + _NORM_EPS)
+
+
+def log_of_decay(decay: jax.Array) -> jax.Array:
+  """``log max(γ, 1e-30)`` with derivative ``1 / max(γ, 1e-30)``: finite for ``γ ∈ [0, 1]``.
+
+  ``d/dγ = (d/d log γ) / γ`` would be ``0 · inf`` at ``γ = 0``; with the floor the
+  log-space derivative carries the factor ``1e-30`` that the division removes, so the
+  gradient with respect to ``γ`` is the true one (the limit at ``γ → 0``).
+  """
+  decay = jnp.asarray(decay)
+  decay = decay.astype(jnp.promote_types(decay.dtype, jnp.float32))  # 1e-30 is 0 in float16
+  floored = jnp.maximum(decay, jnp.asarray(DECAY_FLOOR, decay.dtype))
+  return jnp.log(decay + jax.lax.stop_gradient(floored - decay))  # value: floored; d/dγ = 1/floored
+
+
+# ----------------------------------------------------------------------------------------
+# Dispatch over modes, batch and heads.
+
+
+def _run(rule, mode, chunk_size, dot, q, k, v, beta, logg, S0):
+  """``[B, T, H, ·]`` inputs (accumulation dtype) -> ``(o [B, T, H, D_v], S [B, H, D_v, D_k])``."""
+  T = q.shape[1]
+  if mode == "chunked" or (mode == "parallel" and rule in ("delta", "gated_delta")):
+    # parallel delta rules: the UT form with one chunk spanning the sequence
+    C = chunk_size if mode == "chunked" else T
+    return chunked(q, k, v, beta, logg, S0, rule=rule, chunk_size=C, dot=dot)
+  head = functools.partial(recurrent_head if mode == "recurrent" else parallel_head, rule=rule, dot=dot)
+  t = 1  # per batch element, time-major [T, H, ...]: heads on axis 1
+  lg = t if logg is not None else None
+  over_heads = jax.vmap(head, in_axes=(t, t, t, t, lg, 0), out_axes=(t, 0))
+  over_batch = jax.vmap(over_heads, in_axes=(0, 0, 0, 0, None if logg is None else 0, 0))
+  return over_batch(q, k, v, beta, logg, S0)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
+def _auto(rule, fwd_mode, chunk_size, dot, q, k, v, beta, logg, S0):
+  """auto: the forward-fastest form when not differentiated, the chunked form's JVP when."""
+  return _run(rule, fwd_mode, chunk_size, dot, q, k, v, beta, logg, S0)
+
+
+@_auto.defjvp
+def _auto_jvp(rule, fwd_mode, chunk_size, dot, primals, tangents):
+  del fwd_mode
+  return jax.jvp(functools.partial(_run, rule, "chunked", chunk_size, dot), primals, tangents)
+
+
+def auto_forward_mode(platform: Optional[str] = None) -> str:
+  """The form ``mode="auto"`` runs when no gradient is taken: ``recurrent`` on CPU, else ``chunked``.
+
+  The rule and the measurements behind it: ``jaxmem/kernels/assoc/README.md``.
+  """
+  platform = platform or jax.default_backend()
+  return "recurrent" if platform == "cpu" else "chunked"
+
+
+@functools.partial(jax.jit, static_argnames=("rule", "mode", "chunk_size", "normalize_keys", "dot"))
+def _forward(q, k, v, beta, logg, S0, *, rule, mode, chunk_size, normalize_keys, dot):
+  acc = jnp.promote_types(acc_dtype(q, k, v), S0.dtype)  # as step(): a float64 state stays float64
+  q, k, v, beta, S0 = (x.astype(acc) for x in (q, k, v, beta, S0))
+  logg = logg.astype(acc) if logg is not None else None
+  if normalize_keys:
+    k = l2_normalize(k)
+  if mode == "auto":
+    return _auto(rule, auto_forward_mode(), chunk_size, dot, q, k, v, beta, logg, S0)
+  return _run(rule, mode, chunk_size, dot, q, k, v, beta, logg, S0)
+
+
+# ----------------------------------------------------------------------------------------
+# Public API.
+
+
+def _is_concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+def _as_array(x):
+  """Lists and Python numbers become arrays (so a list is not mistaken for a scalar)."""
+  return x if x is None or isinstance(x, jax.Array) else jnp.asarray(x)
+
+
+def _check_shape(name: str, x, want: tuple, layout: str):
+  shape = shape_of(x)
+  if shape != () and shape != want:
+    raise ValueError(f"`{name}` must be a scalar or have shape [{layout}] = {want}, got {shape}.")
+
+
+def _check_finite_values(name: str, x) -> None:
+  if x is None or not _is_concrete(x):
+    return
+  a = np.asarray(x, np.float64)
+  if not np.all(np.isfinite(a)):
+    bad = a[~np.isfinite(a)].ravel()[:3].tolist()
+    raise ValueError(f"`{name}` must be finite, got value(s) such as {bad}.")
+
+
+def _check_decay_values(decay, name: str) -> None:
+  """γ ∈ [0, 1] (decay=) when concrete."""
+  if decay is None or not _is_concrete(decay):
+    return
+  d = np.asarray(decay, np.float64)
+  ok = np.isfinite(d) & (d >= 0) & (d <= 1)
+  if not np.all(ok):
+    raise ValueError(f"`{name}` must lie in [0, 1], got value(s) such as {d[~ok].ravel()[:3].tolist()}.")
+
+
+def _check_log_decay_values(log_decay, name: str) -> None:
+  """log γ ∈ [−inf, 0] (log_decay=) when concrete."""
+  if log_decay is None or not _is_concrete(log_decay):
+    return
+  d = np.asarray(log_decay, np.float64)
+  ok = d <= 0  # False for NaN; −inf (γ = 0) is allowed
+  if not np.all(ok):
+    raise ValueError(f"`{name}` must be <= 0 (log γ with γ in [0, 1]; -inf is γ = 0), got value(s) "
+                     f"such as {d[~ok].ravel()[:3].tolist()}.")
+
+
+def _stability_slack(*dtypes) -> float:
+  """Relative slack on β‖a‖² ≤ 2: the rounding of the inputs' dtype (3·eps, at least 1e-4).
+
+  Keys L2-normalised in bfloat16 have ‖k‖² within ±1.6% of 1 (measured, D = 8 … 128), so
+  3·eps = 2.3% lets β = 2 pass with them.
+  """
+  eps = max(float(jnp.finfo(d).eps) for d in dtypes if jnp.issubdtype(d, jnp.floating))
+  return max(1e-4, 3.0 * eps)
+
+
+def _check_stability(rule: str, beta, k, v, normalize_keys: bool) -> None:
+  """Raises when concrete ``β_t‖a_t‖²`` leaves ``[0, 2]`` (a = k, or v for oja), or β is not finite."""
+  _check_finite_values("beta", beta)
+  if rule not in ERASE_RULES:
+    return
+  a = v if rule == "oja" else k
+  if not (_is_concrete(beta) and _is_concrete(a)):
+    return
+  b = np.asarray(1.0 if beta is None else beta, np.float64)
+  if normalize_keys and rule != "oja":
+    sq = np.ones(shape_of(a)[:-1])
+  else:
+    sq = np.sum(np.square(np.asarray(a, np.float64)), axis=-1)
+  prod = b * sq
+  if not np.all(np.isfinite(prod)):
+    arg = "v" if rule == "oja" else "k"
+    raise ValueError(f"`{arg}` must be finite for rule {rule!r} (it sets the erase factor), got a non-finite "
+                     f"value in shape {shape_of(a)}.")
+  slack = _stability_slack(jnp.result_type(a), jnp.result_type(1.0 if beta is None else beta))
+  if np.any(prod < -slack) or np.any(prod > 2.0 * (1.0 + slack)):
+    which, arg = ("‖v_t‖²", "v") if rule == "oja" else ("‖k_t‖²", "k")
+    worst = float(prod.max()) if prod.max() > 2 else float(prod.min())
+    raise ValueError(
+        f"rule {rule!r} diverges unless 0 <= beta_t·{which} <= 2 for every token, got {worst:.4g} "
+        f"(`beta` shape {shape_of(beta)}, `{arg}` shape {shape_of(a)}); "
+        + ("normalise the values or lower beta." if rule == "oja"
+           else "pass normalize_keys=True (or L2-normalise k) and keep beta in [0, 2].")
+    )
+
+
+def _decay_args(rule, decay, log_decay, names, want, layout):
+  """Validates the decay / log-decay pair; returns the log-decay array or None."""
+  d_name, l_name = names
+  if rule in DECAY_RULES:
+    if decay is None and log_decay is None:
+      raise ValueError(f"rule {rule!r} needs `{d_name}` (γ in [0, 1]) or `{l_name}` (log γ <= 0), "
+                       f"[{layout}] or a scalar.")
+    if decay is not None and log_decay is not None:
+      raise ValueError(f"pass `{d_name}` or `{l_name}`, not both.")
+  elif decay is not None or log_decay is not None:
+    given = d_name if decay is not None else l_name
+    raise ValueError(f"`{given}` is only used by rules {list(DECAY_RULES)}, got it for rule {rule!r}.")
+  if decay is not None:
+    _check_shape(d_name, decay, want, layout)
+    _check_decay_values(decay, d_name)
+  if log_decay is not None:
+    _check_shape(l_name, log_decay, want, layout)
+    _check_log_decay_values(log_decay, l_name)
+
+
+def _log_decay(decay, log_decay, acc, shape):
+  if decay is not None:
+    return log_of_decay(jnp.broadcast_to(jnp.asarray(decay, acc), shape))
+  if log_decay is not None:
+    return jnp.broadcast_to(jnp.asarray(log_decay, acc), shape)
+  return None
+
+
+def associative_memory(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    beta: Optional[jax.Array] = None,
+    *,
+    rule: str,
+    mode: str = "auto",
+    chunk_size: int = 64,
+    decay: Any = None,
+    log_decay: Any = None,
+    initial_state: Optional[jax.Array] = None,
+    return_state: bool = False,
+    normalize_keys: bool = False,
+    precision: Any = "highest",
+):
+  """Multi-head associative matrix memory (write with ``rule``, read ``o_t = S_t q_t``).
+
+  Args:
+    q: queries ``[B, T, H, D_k]``.
+    k: keys ``[B, T, H, D_k]``.
+    v: values ``[B, T, H, D_v]``.
+    beta: write strengths ``[B, T, H]`` or a scalar; None means 1.
+    rule: ``"hebb" | "delta" | "oja" | "decay" | "gated_delta"`` (equations in the module
+      docstring).
+    mode: ``"auto" | "recurrent" | "parallel" | "chunked"``; ``parallel`` is not
+      available for ``oja``.
+    chunk_size: chunk length for ``chunked`` (and ``auto`` when it chooses chunked); any
+      ``T`` works (padded internally to the next multiple of the chunk).
+    decay: ``γ`` in ``[0, 1]``, ``[B, T, H]`` or a scalar; or
+    log_decay: ``log γ`` in ``[−inf, 0]`` (preferred: ``jax.nn.log_sigmoid(z)``). Exactly one
+      of the two is required for ``decay`` and ``gated_delta``; both are rejected for the
+      other rules.
+    initial_state: ``S_0 [B, H, D_v, D_k]``; zeros when None.
+    return_state: also return the final state ``S_T [B, H, D_v, D_k]``.
+    normalize_keys: L2-normalise ``k`` before writing (the stability guard of the delta
+      rules; for ``oja`` normalise ``v`` instead, see the module docstring).
+    precision: matmul precision (:mod:`jaxmem.kernels.precision`); ``"highest"`` keeps
+      float32 accuracy on every platform.
+
+  Returns:
+    ``o [B, T, H, D_v]`` in the dtype of ``v``, and ``S_T`` if ``return_state`` (in the
+    dtype of ``initial_state``, else float32 — float64 for float64 inputs).
+
+  Raises:
+    ValueError: wrong ranks or mismatched batch/length/heads/key widths; bad ``rule``,
+      ``mode``, ``chunk_size``, ``precision``; ``parallel`` with ``oja``; ``decay`` /
+      ``log_decay`` missing, both given, given for a rule without decay, of the wrong
+      shape, or (when concrete) out of range; ``beta``/``initial_state`` of the wrong
+      shape; concrete ``beta`` not finite, or ``β‖k‖²`` (``β‖v‖²`` for oja) outside
+      ``[0, 2]`` for the erasing rules.
+  """
+  check_choice("rule", rule, RULES)
+  check_choice("mode", mode, MODES)
+  chunk_size = check_positive_int("chunk_size", chunk_size)
+  dot = matmul_for(precision)
+  B, T, H, Dk = check_rank("q", q, 4, "B, T, H, D_k")
+  Bk, Tk, Hk, Dkk = check_rank("k", k, 4, "B, T, H, D_k")
+  Bv, Tv, Hv, Dv = check_rank("v", v, 4, "B, T, H, D_v")
+  check_equal("batch sizes", q=B, k=Bk, v=Bv)
+  check_equal("lengths", q=T, k=Tk, v=Tv)
+  check_equal("numbers of heads", q=H, k=Hk, v=Hv)
+  check_equal("key widths", q=Dk, k=Dkk)
+  if T == 0:
+    raise ValueError(f"`q` must have at least one time step, got shape {shape_of(q)}.")
+  if mode == "parallel" and rule == "oja":
+    raise ValueError(
+        "mode='parallel' is not available for rule='oja' (no masked quadratic form); use "
+        "mode='chunked' (chunk_size=T gives the one-chunk form) or 'recurrent'."
+    )
+  beta, decay, log_decay = _as_array(beta), _as_array(decay), _as_array(log_decay)
+  if beta is not None:
+    _check_shape("beta", beta, (B, T, H), "B, T, H")
+  _decay_args(rule, decay, log_decay, ("decay", "log_decay"), (B, T, H), "B, T, H")
+  if initial_state is not None:
+    s = shape_of(initial_state)
+    if s != (B, H, Dv, Dk):
+      raise ValueError(
+          f"`initial_state` must have shape [B, H, D_v, D_k] = {(B, H, Dv, Dk)}, got {s}."
+      )
+  _check_stability(rule, beta, k, v, normalize_keys)
+
+  acc = acc_dtype(q, k, v)
+  if initial_state is not None:
+    acc = jnp.promote_types(acc, jnp.result_type(initial_state))
+  beta_BTH = jnp.ones((B, T, H), acc) if beta is None else jnp.broadcast_to(beta.astype(acc), (B, T, H))
+  logg_BTH = _log_decay(decay, log_decay, acc, (B, T, H))
+  S0 = jnp.zeros((B, H, Dv, Dk), acc) if initial_state is None else jnp.asarray(initial_state)
+  o, S = _forward(q, k, v, beta_BTH, logg_BTH, S0, rule=rule, mode=mode, chunk_size=chunk_size,
+                  normalize_keys=bool(normalize_keys), dot=dot)
+  o = o.astype(v.dtype)
+  if initial_state is not None:
+    S = S.astype(S0.dtype)
+  return (o, S) if return_state else o
+
+
+def init(batch: int, heads: int, d_k: int, d_v: int, dtype=jnp.float32) -> jax.Array:
+  """The empty memory ``S_0 = 0``, ``[batch, heads, d_v, d_k]``: the first ``state`` of :func:`step`."""
+  for name, n in (("batch", batch), ("heads", heads), ("d_k", d_k), ("d_v", d_v)):
+    check_positive_int(name, n)
+  return jnp.zeros((batch, heads, d_v, d_k), dtype)
+
+
+# The name before the inference API was unified as init / step (kept: experiments use it).
+init_state = init
+
+
+def step(state, q_t, k_t, v_t, beta_t=None, decay_t=None, *, rule: str, log_decay_t=None,
+         normalize_keys: bool = False, precision: Any = "highest"):
+  """One token of inference: write ``(k_t, v_t)`` with ``rule``, then read ``o_t = S_t q_t``.
+
+  Args:
+    state: ``S_{t−1} [B, H, D_v, D_k]``.
+    q_t, k_t: ``[B, H, D_k]``; v_t: ``[B, H, D_v]``.
+    beta_t: ``[B, H]`` or a scalar (None → 1).
+    decay_t: ``γ_t`` in ``[0, 1]``, or log_decay_t: ``log γ_t`` in ``[−inf, 0]``; ``[B, H]``
+      or a scalar; exactly one is required for ``decay``/``gated_delta``.
+    rule, normalize_keys, precision: as in :func:`associative_memory`.
+
+  Returns:
+    ``(S_t [B, H, D_v, D_k], o_t [B, H, D_v])`` — carry first, so ``step`` is a ``lax.scan``
+    body as it is (the sequence form returns ``(o, S)``): ``S_t`` in the dtype of ``state`` (the
+    update is computed in float32, or float64 for float64 inputs, and rounded back once,
+    so a ``lax.scan`` carry keeps its dtype); ``o_t`` in the dtype of ``v_t``.
+  """
+  check_choice("rule", rule, RULES)
+  dot = matmul_for(precision)
+  B, H, Dv, Dk = check_rank("state", state, 4, "B, H, D_v, D_k")
+  Bq, Hq, Dq = check_rank("q_t", q_t, 3, "B, H, D_k")
+  Bk, Hk, Dkk = check_rank("k_t", k_t, 3, "B, H, D_k")
+  Bv, Hv, Dvv = check_rank("v_t", v_t, 3, "B, H, D_v")
+  check_equal("batch sizes", state=B, q_t=Bq, k_t=Bk, v_t=Bv)
+  check_equal("numbers of heads", state=H, q_t=Hq, k_t=Hk, v_t=Hv)
+  check_equal("key widths", state=Dk, q_t=Dq, k_t=Dkk)
+  check_equal("value widths", state=Dv, v_t=Dvv)
+  beta_t, decay_t, log_decay_t = _as_array(beta_t), _as_array(decay_t), _as_array(log_decay_t)
+  if beta_t is not None:
+    _check_shape("beta_t", beta_t, (B, H), "B, H")
+  _decay_args(rule, decay_t, log_decay_t, ("decay_t", "log_decay_t"), (B, H), "B, H")
+  _check_stability(rule, beta_t, k_t, v_t, normalize_keys)
+
+  acc = jnp.promote_types(acc_dtype(q_t, k_t, v_t), state.dtype)
+  q, k, v = (x.astype(acc) for x in (q_t, k_t, v_t))
+  if normalize_keys:
+    k = l2_normalize(k)
+  b = jnp.broadcast_to(jnp.asarray(1.0 if beta_t is None else beta_t, acc), (B, H))
+  logg = _log_decay(decay_t, log_decay_t, acc, (B, H))
+  g = jnp.ones((B, H), acc) if logg is None else jnp.exp(logg)
+  write = jax.vmap(jax.vmap(functools.partial(update, rule, dot=dot)))
+  S = write(state.astype(acc), k, v, b, g)
+  o = dot.einsum("bhvk,bhk->bhv", S, q)
+  return S.astype(state.dtype), o.astype(v_t.dtype)
+
+
+__all__ = [
+    "DECAY_FLOOR", "DECAY_RULES", "ERASE_RULES", "MODES", "RULES", "associative_memory",
+    "auto_forward_mode", "chunked", "chunked_head", "init", "init_state", "l2_normalize",
+    "log_of_decay", "parallel_head", "recurrent_head", "step", "unit_lower_inverse", "update",
+]

@@ -1,0 +1,106 @@
+"""An associative-memory token mixer (a "conditioning circuit", ``docs/papers/pavlovian.md``).
+
+Each head keeps a matrix ``S [D_v, D_k]`` written by a learning rule and reads
+``o_t = S_t φ(q_t)`` (:func:`jaxmem.kernels.assoc.associative_memory`; "hebb" with the
+identity map is linear attention). Per-token write strengths ``β_t = σ(W_β x_t)`` for the
+erasing rules (delta, oja, gated_delta; 1 for hebb/decay) and decays ``γ_t = σ(W_γ x_t)``
+for decay/gated_delta, passed to the kernel in log space (``log_sigmoid``), so decays that
+underflow to 0 stay finite in values and gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from jaxmem._checks import check_config_ints
+from jaxmem.kernels.assoc import DECAY_RULES, ERASE_RULES, MODES, RULES, associative_memory, l2_normalize
+from jaxmem.kernels.feature_maps import FEATURE_MAPS, feature_map
+from jaxmem.kernels.precision import PRECISIONS
+from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv
+from jaxmem.models.mixers.registry import MixerConfig, register
+
+
+@dataclasses.dataclass(frozen=True)
+class AssocConfig(MixerConfig):
+  """Attributes:
+    rule: "hebb", "delta", "oja", "decay" or "gated_delta" (:data:`jaxmem.kernels.assoc.RULES`).
+    feature_map: key/query map ``φ`` (:data:`jaxmem.kernels.feature_maps.FEATURE_MAPS`:
+      "identity", "elu1", "dpfp1", "dpfp2"; the DPFP maps widen the keys to 2× / 4× the head width).
+    key_norm: L2-normalise the vector the update erases along (keys; values for oja), so
+      that β‖k‖² < 1 and the delta/Oja recurrences cannot diverge whatever the weights.
+      None (default) means on for the erasing rules "delta", "oja", "gated_delta" and off
+      for "hebb"/"decay"; False is the raw rule (opt-out: with large weights the state can
+      then grow geometrically, which under ``jit`` no check can catch — the training loop
+      stops on the first non-finite loss).
+    mode: execution form ("auto", "recurrent", "chunked", "parallel"); chunk_size: its chunk length.
+    precision: matmul precision of the memory kernel: "highest" (float32 operands on every
+      platform, the default) or a faster one such as "default" (bf16 passes on TPU, TF32 on
+      GPU); see :mod:`jaxmem.kernels.precision`.
+    short_conv: as in :class:`~jaxmem.models.mixers.softmax.SoftmaxConfig`.
+  """
+
+  name: str = dataclasses.field(default="assoc", init=False)
+  rule: str = "hebb"
+  feature_map: str = "identity"
+  key_norm: Optional[bool] = None
+  mode: str = "auto"
+  chunk_size: int = 64
+  precision: str = "highest"
+  short_conv: int = 0
+
+  def __post_init__(self):
+    check_short_conv(self)
+    check_config_ints(self, ("chunk_size",))
+    if self.rule not in RULES:
+      raise ValueError(f"AssocConfig.rule must be one of {list(RULES)}, got {self.rule!r}.")
+    if self.mode not in MODES:
+      raise ValueError(f"AssocConfig.mode must be one of {list(MODES)}, got {self.mode!r}.")
+    if not isinstance(self.precision, str) or self.precision.lower() not in PRECISIONS:
+      raise ValueError(
+          f"AssocConfig.precision must be one of {list(PRECISIONS)}, got {self.precision!r}.")
+    if self.rule == "oja" and self.mode == "parallel":
+      raise ValueError(
+          "AssocConfig: rule='oja' has no parallel form; use mode='chunked', 'recurrent' or 'auto'.")
+    if self.key_norm is not None and not isinstance(self.key_norm, bool):
+      raise ValueError(f"AssocConfig.key_norm must be None, True or False, got {self.key_norm!r}.")
+    if self.feature_map not in FEATURE_MAPS:
+      raise ValueError(
+          f"AssocConfig.feature_map must be one of {list(FEATURE_MAPS)}, got {self.feature_map!r}.")
+
+  @property
+  def normalizes_erase(self) -> bool:
+    """Whether the erase vector is L2-normalised (``key_norm`` resolved by the rule)."""
+    return self.key_norm if self.key_norm is not None else self.rule in ERASE_RULES
+
+
+class AssociativeMemory(QKVMixer):
+  """Projections and gates for the memory; the update and read are the kernel's."""
+
+  def __init__(self, cfg: AssocConfig, *, d_model, n_heads, n_layers, dtype, rngs):
+    super().__init__(cfg, d_model=d_model, n_heads=n_heads, n_layers=n_layers, dtype=dtype, rngs=rngs)
+    H = n_heads
+    # write strength β = σ(.) starts at σ(0) = 0.5, decay γ = σ(.) at σ(3) ≈ 0.95
+    self.beta = self.gate(H, jnp.zeros((H,)), rngs) if cfg.rule in ERASE_RULES else None
+    self.decay = self.gate(H, jnp.full((H,), 3.0), rngs) if cfg.rule in DECAY_RULES else None
+
+  def read(self, x_BTD, q, k, v):
+    cfg = self.cfg
+    phi = feature_map(cfg.feature_map)
+    q, k = phi(q), phi(k)
+    if cfg.normalizes_erase:
+      if cfg.rule == "oja":
+        v = l2_normalize(v)
+      else:
+        k = l2_normalize(k)
+    beta = None if self.beta is None else jax.nn.sigmoid(self.beta(x_BTD).astype(jnp.float32))
+    # log γ = log σ(z): finite for every finite z (σ(z) itself underflows to 0 below z ≈ −88)
+    log_decay = None if self.decay is None else jax.nn.log_sigmoid(self.decay(x_BTD).astype(jnp.float32))
+    return associative_memory(q, k, v, beta, rule=cfg.rule, mode=cfg.mode, chunk_size=cfg.chunk_size,
+                              log_decay=log_decay, precision=cfg.precision)
+
+
+register("assoc", AssocConfig, AssociativeMemory)

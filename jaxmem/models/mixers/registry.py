@@ -1,0 +1,76 @@
+"""The token-mixer registry: ``name -> (ConfigCls, ModuleCls)``.
+
+A token mixer is the part of a Transformer block that moves information across time
+(attention, an sDNC read, an associative memory, ...). Each one is a frozen config dataclass
+subclassing :class:`MixerConfig` and an NNX module built as
+``ModuleCls(cfg, *, d_model, n_heads, n_layers, dtype, rngs)`` that maps ``[B, T, d_model]``
+to ``[B, T, d_model]`` causally. Registering both under one name (:func:`register`) is all
+the body needs: :class:`jaxmem.models.transformer.TransformerConfig` takes any registered
+config, or a per-layer tuple of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+REGISTRY: dict[str, tuple[type, type]] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class MixerConfig:
+  """Base of every mixer config. Subclasses declare ``name`` as
+  ``dataclasses.field(default="<name>", init=False)``, so it is part of the config's dict
+  form (what config files and saved ``config.json`` hold) but never an argument."""
+
+  def to_dict(self) -> dict:
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> "MixerConfig":
+    """``{"name": "assoc", "rule": "delta", ...}`` -> ``AssocConfig(rule="delta", ...)``."""
+    if isinstance(values, MixerConfig):
+      return values
+    if not isinstance(values, Mapping) or "name" not in values:
+      raise ValueError(f"a mixer config must be a mapping with a 'name' (one of {names()}), got {values!r}.")
+    values = dict(values)
+    name = values.pop("name")
+    config_cls = lookup(name)[0]
+    fields = {f.name for f in dataclasses.fields(config_cls) if f.init}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+      raise ValueError(f"unknown field(s) {unknown} for mixer {name!r}; valid: {sorted(fields)}.")
+    return config_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+def register(name: str, config_cls: type, module_cls: type) -> None:
+  """Adds a mixer; its config's ``name`` default must equal ``name``."""
+  if name in REGISTRY:
+    raise ValueError(f"mixer {name!r} registered twice.")
+  if not (isinstance(config_cls, type) and issubclass(config_cls, MixerConfig)):
+    raise ValueError(f"mixer {name!r}: the config class must subclass MixerConfig, got {config_cls!r}.")
+  if config_cls().name != name:
+    raise ValueError(f"mixer {name!r}: {config_cls.__name__}.name is {config_cls().name!r}.")
+  REGISTRY[name] = (config_cls, module_cls)
+
+
+def names() -> list:
+  return sorted(REGISTRY)
+
+
+def lookup(name: str) -> tuple[type, type]:
+  if name not in REGISTRY:
+    raise ValueError(f"unknown mixer {name!r}; registered: {names()}.")
+  return REGISTRY[name]
+
+
+def default_dict(name: str) -> dict:
+  """The dict form of mixer ``name``'s default config (used to switch mixers from the CLI)."""
+  return lookup(name)[0]().to_dict()
+
+
+def build(cfg: MixerConfig, *, d_model: int, n_heads: int, n_layers: int, dtype: str, rngs):
+  """The module for ``cfg`` (looked up by ``cfg.name``)."""
+  if not isinstance(cfg, MixerConfig):
+    raise ValueError(f"expected a mixer config (one of {names()}), got {cfg!r}.")
+  return lookup(cfg.name)[1](cfg, d_model=d_model, n_heads=n_heads, n_layers=n_layers, dtype=dtype, rngs=rngs)

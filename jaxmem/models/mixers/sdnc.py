@@ -1,0 +1,95 @@
+"""Attention read as a stateless DNC (Tang & Xie 2026, ``docs/papers/sdnc.md``), and its hybrids.
+
+* ``"sdnc"`` (:class:`SDNCRead`): every head is a read head of a write-once memory, run
+  under ``lax.scan`` by :func:`jaxmem.kernels.sdnc.sdnc_attention`. Same function as
+  ``"softmax"`` with the same weights (tested: ``tests/models/test_sdnc_models.py``); it
+  exists to make the equivalence executable, not for speed.
+* ``"sdnc_hybrid"`` (:class:`SDNCHybrid`): the paper's three DNC mechanisms put back into
+  attention, each a flag — (a) ``write_gate``, a learned per-head gate on each written slot;
+  (b) ``erase``, a learned per-head retention applied to all written slots at each step;
+  (c) ``link_reads``, learned per-head read modes mixing content reads with reads of the
+  successor / predecessor of the attended slot. The gate projections start near the
+  neutral values (write ≈ 1, retain ≈ 1, content reads), so a hybrid starts close to plain
+  attention, and with every flag off it *is* softmax attention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from jaxmem.kernels.attention import softmax_attention
+from jaxmem.kernels.sdnc import sdnc_attention, sdnc_hybrid_attention
+from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv
+from jaxmem.models.mixers.registry import MixerConfig, register
+
+
+@dataclasses.dataclass(frozen=True)
+class SDNCConfig(MixerConfig):
+  """Attributes: short_conv: as in :class:`~jaxmem.models.mixers.softmax.SoftmaxConfig`."""
+
+  name: str = dataclasses.field(default="sdnc", init=False)
+  short_conv: int = 0
+
+  def __post_init__(self):
+    check_short_conv(self)
+
+
+class SDNCRead(QKVMixer):
+  def read(self, x_BTD, q, k, v):
+    return sdnc_attention(q, k, v)
+
+
+@dataclasses.dataclass(frozen=True)
+class SDNCHybridConfig(MixerConfig):
+  """Attributes:
+    write_gate: hybrid (a), selective write.
+    erase: hybrid (b), differentiable erase.
+    link_reads: hybrid (c), temporal-link reads.
+    short_conv: as in :class:`~jaxmem.models.mixers.softmax.SoftmaxConfig`.
+  """
+
+  name: str = dataclasses.field(default="sdnc_hybrid", init=False)
+  write_gate: bool = False
+  erase: bool = False
+  link_reads: bool = False
+  short_conv: int = 0
+
+  def __post_init__(self):
+    check_short_conv(self)
+    for f in ("write_gate", "erase", "link_reads"):
+      if not isinstance(getattr(self, f), bool):
+        raise ValueError(f"SDNCHybridConfig.{f} must be a bool, got {getattr(self, f)!r}.")
+
+  @property
+  def any(self) -> bool:
+    return self.write_gate or self.erase or self.link_reads
+
+
+class SDNCHybrid(QKVMixer):
+  """Projections for :func:`jaxmem.kernels.sdnc.sdnc_hybrid_attention`'s gates (zero weights;
+  biases: write σ(3) ≈ 0.95, retain σ(5) ≈ 0.99, read modes favouring the content read)."""
+
+  def __init__(self, cfg: SDNCHybridConfig, *, d_model, n_heads, n_layers, dtype, rngs):
+    super().__init__(cfg, d_model=d_model, n_heads=n_heads, n_layers=n_layers, dtype=dtype, rngs=rngs)
+    H = n_heads
+    self.write_gate = self.gate(H, jnp.full((H,), 3.0), rngs) if cfg.write_gate else None
+    self.erase_gate = self.gate(H, jnp.full((H,), 5.0), rngs) if cfg.erase else None
+    modes = jnp.tile(jnp.array([-3.0, 3.0, -3.0]), H)  # (backward, content, forward) per head
+    self.read_modes = self.gate(3 * H, modes, rngs) if cfg.link_reads else None
+
+  def read(self, x_BTD, q, k, v):
+    if not self.cfg.any:
+      return softmax_attention(q, k, v, causal=True)
+    B, T, H = x_BTD.shape[0], x_BTD.shape[1], self.n_heads
+    return sdnc_hybrid_attention(
+        q, k, v,
+        write_gate=None if self.write_gate is None else self.write_gate(x_BTD),
+        erase_gate=None if self.erase_gate is None else self.erase_gate(x_BTD),
+        read_modes=None if self.read_modes is None else self.read_modes(x_BTD).reshape(B, T, H, 3),
+    )
+
+
+register("sdnc", SDNCConfig, SDNCRead)
+register("sdnc_hybrid", SDNCHybridConfig, SDNCHybrid)

@@ -1,0 +1,44 @@
+"""Causal softmax attention (Vaswani et al. 2017): the baseline every memory is compared with."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from jaxmem.kernels.attention import softmax_attention
+from jaxmem.kernels.precision import PRECISIONS
+from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv
+from jaxmem.models.mixers.registry import MixerConfig, register
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxConfig(MixerConfig):
+  """Attributes:
+    short_conv: 0 for none; else the width ``K`` of a causal depthwise convolution over time
+      applied to q, k and v after their projection, ``x'_t = Σ_{j<K} w_j ⊙ x_{t−j}`` (H3's
+      shift / Zoology's and DeltaNet's short convolution; initialised to the identity
+      ``w_0 = 1``, other taps 0). It lets one layer bind a key to its neighbouring token.
+    precision: matmul precision of the attention kernel; None is the platform default.
+  """
+
+  name: str = dataclasses.field(default="softmax", init=False)
+  short_conv: int = 0
+  precision: Optional[str] = None
+
+  def __post_init__(self):
+    check_short_conv(self)
+    ok = self.precision is None or (isinstance(self.precision, str) and self.precision.lower() in PRECISIONS)
+    if not ok:
+      raise ValueError(
+          f"SoftmaxConfig.precision must be None or one of {list(PRECISIONS)}, got {self.precision!r}.")
+
+
+class SoftmaxAttention(QKVMixer):
+  """Multi-head causal softmax attention: projections here, arithmetic in
+  :func:`jaxmem.kernels.attention.softmax_attention`."""
+
+  def read(self, x_BTD, q, k, v):
+    return softmax_attention(q, k, v, causal=True, precision=self.cfg.precision)
+
+
+register("softmax", SoftmaxConfig, SoftmaxAttention)
