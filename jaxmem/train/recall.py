@@ -23,13 +23,11 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxmem.kernels.assoc import ERASE_RULES
 from jaxmem.models import AssocConfig, MixerConfig, SoftmaxConfig, TransformerConfig, TransformerLM
 from jaxmem.train.config import TrainConfig
 from jaxmem.train.loop import TrainTask, train
 from jaxmem.train.losses import recall_loss
-
-# rules that erase (delta family): their keys are L2-normalised so the update stays stable
-ERASING_RULES = ("delta", "oja", "gated_delta")
 
 
 def recall_mixer(name: str, short_conv: int = 0) -> MixerConfig:
@@ -38,7 +36,7 @@ def recall_mixer(name: str, short_conv: int = 0) -> MixerConfig:
   gated_delta), with a causal short convolution of width ``short_conv`` on q/k/v (0: none)."""
   if name == "softmax":
     return SoftmaxConfig(short_conv=short_conv)
-  return AssocConfig(rule=name, mode="chunked", chunk_size=16, key_norm=name in ERASING_RULES,
+  return AssocConfig(rule=name, mode="chunked", chunk_size=16, key_norm=name in ERASE_RULES,
                      short_conv=short_conv)
 
 
@@ -70,11 +68,11 @@ def recall_accuracy(model: nnx.Module, stream, n_batches: int) -> float:
 def state_floats(cfg: TransformerConfig, seq_len: int) -> int:
   """Recurrent-state size at the end of a ``seq_len`` sequence: the KV cache ``2·L·T·d`` for
   softmax attention, one ``d_head × d_head`` matrix S per head and layer (``L·H·d_head²``)
-  for a conditioning circuit. Layer 0's mixer decides for the whole stack."""
-  if isinstance(cfg.layer_mixer(0), SoftmaxConfig):
-    return cfg.n_layers * 2 * seq_len * cfg.d_model
-  return cfg.n_layers * cfg.n_heads * cfg.head_dim * cfg.head_dim
+  for a conditioning circuit; summed over layers, so a per-layer mixer tuple counts each layer's own."""
+  per_layer = [2 * seq_len * cfg.d_model if isinstance(cfg.layer_mixer(i), SoftmaxConfig)
+               else cfg.n_heads * cfg.head_dim * cfg.head_dim for i in range(cfg.n_layers)]
+  return sum(per_layer)
 
 
-__all__ = ["ERASING_RULES", "recall_accuracy", "recall_mixer", "recall_train_config", "state_floats",
+__all__ = ["recall_accuracy", "recall_mixer", "recall_train_config", "state_floats",
            "train_recall"]

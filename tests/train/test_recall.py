@@ -62,6 +62,9 @@ def test_state_floats_closed_forms():
   base = dict(vocab_size=64, d_model=32, n_layers=3, n_heads=4, d_ff=64, max_len=16)
   assert state_floats(TransformerConfig(**base, mixer=recall_mixer("softmax")), 16) == 3 * 2 * 16 * 32
   assert state_floats(TransformerConfig(**base, mixer=recall_mixer("delta")), 16) == 3 * 4 * 8 * 8
+  # a per-layer tuple counts each layer's own state: one KV cache + two matrix memories
+  mixed = (recall_mixer("softmax"), recall_mixer("delta"), recall_mixer("delta"))
+  assert state_floats(TransformerConfig(**base, mixer=mixed), 16) == 2 * 16 * 32 + 2 * 4 * 8 * 8
 
 
 def test_train_recall_trains_and_a_second_call_returns_the_same_weights(tmp_path):
