@@ -1,4 +1,4 @@
-"""The ``jaxmem`` command: ``train | eval | reproduce | bench`` — thin over the library."""
+"""The ``jaxmem`` command: ``train | eval | reproduce | bench | compile`` — thin over the library."""
 
 from __future__ import annotations
 
@@ -40,6 +40,19 @@ def _parser() -> argparse.ArgumentParser:
   b.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
   b.add_argument("--quick", action="store_true", help="smaller sizes")
   b.add_argument("--repeats", type=int, default=5)
+
+  c = sub.add_parser("compile", help="compile a RASP program to an exact hard-attention transformer",
+                     epilog="PROGRAM is lib:<name> (jaxmem.rasp.lib.PROGRAMS) or module:attr "
+                            "(an SOp, or a function of max_seq_len returning one).")
+  c.add_argument("program", help="lib:reverse, or my_module:my_program")
+  c.add_argument("--max-seq-len", "--max_seq_len", dest="max_seq_len", type=int, required=True)
+  c.add_argument("--vocab", default=None,
+                 help="tokens: 'abc' (characters) or '1,2,3' (comma-separated; integers "
+                      "parsed); default: the library program's vocab")
+  c.add_argument("--out", default=None, help="write the weights as .npz (jaxmem.rasp.load reads it)")
+  c.add_argument("--check", type=int, default=0, metavar="K",
+                 help="compare compiled and interpreted outputs on K random inputs")
+  c.add_argument("--seed", type=int, default=0)
   return p
 
 
@@ -101,11 +114,78 @@ def _dispatch(args, overrides) -> int:
     print(f"report: {out}/REPORT.md")
     return 1 if any(s["status"] == "failed" for s in status.values()) else 0
 
+  if args.command == "compile":
+    return _compile(args)
+
   if args.command == "bench":
     from jaxmem.bench import run_benches
     print(run_benches(args.names, quick=args.quick, repeats=args.repeats))
     return 0
   raise AssertionError(args.command)
+
+
+def _parse_vocab(text: str) -> list:
+  if "," not in text:
+    return list(text)
+  out = []
+  for tok in text.split(","):
+    try:
+      out.append(int(tok))
+    except ValueError:
+      out.append(tok)
+  return out
+
+
+def _compile(args) -> int:
+  import importlib
+
+  from jaxmem import rasp
+  from jaxmem.rasp import conformance, lib
+  spec = None
+  if args.program.startswith("lib:"):
+    name = args.program[4:]
+    if name not in lib.PROGRAMS:
+      raise ValueError(f"unknown library program {name!r}; one of {sorted(lib.PROGRAMS)}.")
+    spec = lib.PROGRAMS[name]
+    program = spec.build(args.max_seq_len)
+  elif ":" in args.program:
+    mod, attr = args.program.split(":", 1)
+    try:
+      obj = getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as e:
+      raise ValueError(f"cannot load {args.program!r}: {e}") from e
+    program = obj if isinstance(obj, rasp.RASPExpr) else obj(args.max_seq_len)
+  else:
+    raise ValueError(f"PROGRAM must be lib:<name> or module:attr, got {args.program!r}.")
+  if args.vocab is not None:
+    vocab = _parse_vocab(args.vocab)
+  elif spec is not None:
+    vocab = sorted(spec.vocab, key=repr)
+  else:
+    raise ValueError("--vocab is required for a program outside jaxmem.rasp.lib.")
+  model = rasp.compile(program, vocab, args.max_seq_len)
+  print(model.summary())
+  print(f"layers {model.num_layers}  heads/layer {model.num_heads}  residual width "
+        f"{model.residual_width}  params {model.num_params}  compile {model.compile_seconds:.2f} s")
+  if args.check:
+    if spec is not None and set(vocab) == set(spec.vocab):
+      lengths, sample = spec.lengths(args.max_seq_len), spec.sample
+      accepts = lambda x: spec.accepts(x, args.max_seq_len)  # noqa: E731
+    else:
+      lengths, sample, accepts = range(1, args.max_seq_len + 1), None, None
+    if not lengths:
+      raise ValueError(f"{args.program} accepts no input length <= {args.max_seq_len}.")
+    inputs = conformance.inputs_for(vocab, lengths, exhaustive_len=0, n_random=args.check,
+                                    seed=args.seed, sample=sample, accepts=accepts)
+    c = conformance.check_model(model, program, inputs, name=args.program,
+                                compile_s=model.compile_seconds)
+    print(f"check: {c.inputs - c.wrong}/{c.inputs} random inputs agree with the interpreter "
+          f"(max abs error {c.max_abs_err:.2e})")
+    if c.wrong:
+      print(f"first disagreement: {c.example}")
+  if args.out:
+    print(f"weights: {model.export(args.out)}")
+  return 1 if args.check and c.wrong else 0
 
 
 if __name__ == "__main__":

@@ -105,3 +105,43 @@ def test_bench_dnc_quick_prints_ratio_and_memory(capsys, monkeypatch):
   assert main(["bench", "dnc", "--quick", "--repeats", "1"]) == 0
   out = capsys.readouterr().out
   assert "jaxmem DNC (jit, remat)" in out and "XLA temp buffers, jax.checkpoint on the step" in out
+
+
+def test_compile_prints_sizes_checks_and_exports(tmp_path, capsys):
+  from jaxmem import rasp
+  out = tmp_path / "w.npz"
+  assert main(["compile", "lib:reverse", "--max-seq-len", "8", "--vocab", "abc", "--check", "40",
+               "--out", str(out)]) == 0
+  text = capsys.readouterr().out
+  assert "residual width" in text and "params" in text and "compile" in text
+  assert "check: 40/40 random inputs agree" in text
+  assert rasp.load(out).apply(list("abc")) == list("cba")
+  assert main(["compile", "lib:frac_prevs", "--max_seq_len", "6", "--check", "10"]) == 0
+  assert "10/10" in capsys.readouterr().out
+
+
+def test_compile_user_program_and_errors(tmp_path, capsys, monkeypatch):
+  (tmp_path / "my_prog.py").write_text(
+      "from jaxmem import rasp\n"
+      "def program(n):\n"
+      "  return rasp.SelectorWidth(rasp.Select(rasp.tokens, rasp.tokens, rasp.Comparison.EQ))\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  assert main(["compile", "my_prog:program", "--max-seq-len", "5", "--vocab", "1,2,x", "--check", "20"]) == 0
+  assert "20/20" in capsys.readouterr().out
+  assert main(["compile", "lib:nope", "--max-seq-len", "5"]) == 2
+  assert "unknown library program" in capsys.readouterr().err
+  assert main(["compile", "my_prog:program", "--max-seq-len", "5"]) == 2
+  assert "--vocab is required" in capsys.readouterr().err
+  assert main(["compile", "lib:reverse", "--max-seq-len", "0"]) == 2
+  assert "max_seq_len" in capsys.readouterr().err
+
+
+def test_bench_rasp_quick_prints_ratio(capsys, monkeypatch):
+  import jaxmem.bench.rasp as bench_rasp
+  monkeypatch.setattr(bench_rasp, "TRACR_REVERSE_N80_S", 372.0)
+  from jaxmem.rasp import lib
+  monkeypatch.setattr(lib, "PROGRAMS", {k: lib.PROGRAMS[k] for k in ("reverse", "sort", "frac_prevs",
+                                                                     "shuffle_dyck2")})
+  assert main(["bench", "rasp", "--quick", "--repeats", "1"]) == 0
+  out = capsys.readouterr().out
+  assert "compiled / interpreter" in out and out.count("×") == 8

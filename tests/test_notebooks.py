@@ -10,7 +10,8 @@ from tests.conftest import REPO
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 # what each notebook must print besides NOTEBOOK OK (its claim, checked in the notebook)
-EXPECTED = {"quickstart.ipynb": "validation bpb", "sdnc.ipynb": "memory == writes: True"}
+EXPECTED = {"quickstart.ipynb": "validation bpb", "sdnc.ipynb": "memory == writes: True",
+            "simulator.ipynb": "compiled == interpreted: True"}
 
 
 @pytest.mark.slow
@@ -27,4 +28,4 @@ def test_notebook_executes(path, synthetic_data_dir, monkeypatch):
 
 
 def test_there_is_a_quickstart_and_a_notebook_per_paper_so_far():
-  assert {"quickstart.ipynb", "sdnc.ipynb"} <= {p.name for p in NOTEBOOKS}
+  assert {"quickstart.ipynb", "sdnc.ipynb", "simulator.ipynb"} <= {p.name for p in NOTEBOOKS}

@@ -15,6 +15,7 @@ BENCHES = {
     "dnc": "jaxmem.bench.dnc:bench_dnc",
     "assoc": "jaxmem.bench.assoc:bench_assoc",
     "precision": "jaxmem.bench.precision:bench_precision",
+    "rasp": "jaxmem.bench.rasp:bench_rasp",
 }
 
 

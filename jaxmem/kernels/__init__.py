@@ -1,5 +1,7 @@
 """Pure memory kernels: no Flax, no globals, no Python loops over time.
 
+* :mod:`~jaxmem.kernels.ahat` — average hard attention (argmax set, ties averaged) and its
+  soft limit ``softmax(β·q·k)``: the attention of exact constructions.
 * :mod:`~jaxmem.kernels.attention` — softmax attention (write-once memory, fast form).
 * :mod:`~jaxmem.kernels.sdnc` — the same memory run literally as a stateless DNC.
 * :mod:`~jaxmem.kernels.dnc` — the full DNC memory access (Graves et al. 2016).
@@ -16,14 +18,15 @@ Inference has one shape for every memory that has one: ``state = <module>.init(.
 unambiguous names ``dnc_init`` / ``dnc_step`` / ``dnc_scan`` (aliases of the same functions).
 """
 
-from jaxmem.kernels import assoc, attention, dnc, precision, sdnc, segsum
+from jaxmem.kernels import ahat, assoc, attention, dnc, precision, sdnc, segsum
+from jaxmem.kernels.ahat import ahat_attention, soft_attention
 from jaxmem.kernels.assoc import associative_memory
 from jaxmem.kernels.attention import softmax_attention
 from jaxmem.kernels.dnc import DNCInterface, DNCState, dnc_init, dnc_scan, dnc_step, parse_interface
 from jaxmem.kernels.sdnc import sdnc_attention, sdnc_cross_attention
 
 __all__ = [
-    "DNCInterface", "DNCState", "assoc", "associative_memory", "attention", "dnc", "dnc_init",
-    "dnc_scan", "dnc_step", "parse_interface", "precision", "sdnc", "sdnc_attention",
-    "sdnc_cross_attention", "segsum", "softmax_attention",
+    "DNCInterface", "DNCState", "ahat", "ahat_attention", "assoc", "associative_memory", "attention",
+    "dnc", "dnc_init", "dnc_scan", "dnc_step", "parse_interface", "precision", "sdnc", "sdnc_attention",
+    "sdnc_cross_attention", "segsum", "soft_attention", "softmax_attention",
 ]

@@ -6,7 +6,6 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
@@ -20,7 +19,7 @@ from jaxmem.models import (
     mixers,
 )
 from jaxmem.models.transformer import Block
-from jaxmem.train.losses import lm_loss
+from tests.models.adam import adam_steps
 
 TINY = dict(d_model=24, n_layers=2, n_heads=3, d_ff=40, max_len=16)
 TOKENS = jax.random.randint(jax.random.key(0), (2, 11), 0, 256)
@@ -32,7 +31,7 @@ HYBRID_STACK = (SoftmaxConfig(), GATED, SoftmaxConfig())
 
 
 def test_registry_holds_every_mixer_and_round_trips_its_config():
-  assert mixers.names() == ["assoc", "sdnc", "sdnc_hybrid", "softmax"]
+  assert mixers.names() == ["ahat", "assoc", "sdnc", "sdnc_hybrid", "softmax"]
   for cfg in (SoftmaxConfig(short_conv=2), SDNCConfig(), SDNCHybridConfig(erase=True),
               AssocConfig(rule="oja", key_norm=True, mode="recurrent", feature_map="dpfp1")):
     assert mixers.lookup(cfg.name)[0] is type(cfg)
@@ -129,26 +128,11 @@ def test_per_layer_mixer_lm_is_causal_by_gradient():
 def test_per_layer_mixer_lm_trains_a_few_steps():
   model = _stack_model(remat=True)
   tokens = jax.random.randint(jax.random.key(3), (4, 16), 0, 32)
-  batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
-  graphdef, params = nnx.split(model)
-  tx = optax.adam(3e-3)
-  opt = tx.init(params)
-
-  @jax.jit
-  def step(params, opt):
-    loss, grads = jax.value_and_grad(lambda p: lm_loss(nnx.merge(graphdef, p), batch)[0])(params)
-    updates, opt = tx.update(grads, opt, params)
-    return optax.apply_updates(params, updates), opt, loss, grads
-
-  losses = []
-  for i in range(12):
-    params, opt, loss, grads = step(params, opt)
-    losses.append(float(loss))
-    if i == 0:  # every layer's mixer learns, the gated-delta gates included
-      for p in range(3):
-        mixer_grads = grads["blocks"][p]["attn"]
-        assert all(float(jnp.abs(g).sum()) > 0 for g in jax.tree.leaves(mixer_grads)), p
-      assert set(grads["blocks"][1]["attn"]) >= {"beta", "decay", "qkv", "out"}
+  losses, grads, _, _ = adam_steps(model, tokens, lr=3e-3, steps=12)
+  for p in range(3):  # every layer's mixer learns, the gated-delta gates included
+    mixer_grads = grads["blocks"][p]["attn"]
+    assert all(float(jnp.abs(g).sum()) > 0 for g in jax.tree.leaves(mixer_grads)), p
+  assert set(grads["blocks"][1]["attn"]) >= {"beta", "decay", "qkv", "out"}
   assert np.all(np.isfinite(losses)) and losses[-1] < 0.8 * losses[0], losses
 
 

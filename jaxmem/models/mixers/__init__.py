@@ -5,6 +5,8 @@ name            config / module                 arithmetic
 =============== =============================== ============================================
 ``softmax``     ``SoftmaxConfig`` /             :func:`jaxmem.kernels.attention.softmax_attention`
                 ``SoftmaxAttention``
+``ahat``        ``AHATConfig`` /                :func:`jaxmem.kernels.ahat.ahat_attention` (hard) or
+                ``AHATAttention``               :func:`jaxmem.kernels.ahat.soft_attention` (``beta`` set)
 ``sdnc``        ``SDNCConfig`` / ``SDNCRead``   :func:`jaxmem.kernels.sdnc.sdnc_attention`
 ``sdnc_hybrid`` ``SDNCHybridConfig`` /          :func:`jaxmem.kernels.sdnc.sdnc_hybrid_attention`
                 ``SDNCHybrid``
@@ -32,13 +34,14 @@ from jaxmem.models.mixers.registry import REGISTRY, MixerConfig, build, default_
 for _m in pkgutil.iter_modules(__path__):  # each mixer module registers itself
   importlib.import_module(f"{__name__}.{_m.name}")
 
+from jaxmem.models.mixers.ahat import AHATAttention, AHATConfig  # noqa: E402
 from jaxmem.models.mixers.assoc import AssocConfig, AssociativeMemory  # noqa: E402
 from jaxmem.models.mixers.qkv import QKVMixer, ShortConv  # noqa: E402
 from jaxmem.models.mixers.sdnc import SDNCConfig, SDNCHybrid, SDNCHybridConfig, SDNCRead  # noqa: E402
 from jaxmem.models.mixers.softmax import SoftmaxAttention, SoftmaxConfig  # noqa: E402
 
 __all__ = [
-    "REGISTRY", "AssocConfig", "AssociativeMemory", "MixerConfig", "QKVMixer", "SDNCConfig", "SDNCHybrid",
-    "SDNCHybridConfig", "SDNCRead", "ShortConv", "SoftmaxAttention", "SoftmaxConfig", "build", "default_dict",
-    "lookup", "names", "register",
+    "REGISTRY", "AHATAttention", "AHATConfig", "AssocConfig", "AssociativeMemory", "MixerConfig", "QKVMixer",
+    "SDNCConfig", "SDNCHybrid", "SDNCHybridConfig", "SDNCRead", "ShortConv", "SoftmaxAttention",
+    "SoftmaxConfig", "build", "default_dict", "lookup", "names", "register",
 ]

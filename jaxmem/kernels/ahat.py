@@ -1,0 +1,149 @@
+"""Average hard attention (AHAT): the attention of exact constructions.
+
+For query ``i`` with scores ``s_ij = q_i · k_j`` over the keys ``j`` it may see, AHAT takes
+the *argmax set* ``A_i = {j : s_ij = max_j' s_ij'}`` and averages its values uniformly
+(Pérez et al. 2019; Merrill et al. 2022; the simulator paper, Dutta et al. 2025/2026)::
+
+    out_i = (1 / |A_i|) Σ_{j ∈ A_i} v_j.
+
+Ties are the point: a RASP ``Aggregate`` is an AHAT head whose scores are 1 where the
+selector holds and 0 elsewhere, so the mean over a selection is the mean over the argmax
+set. Where nothing holds every key ties and AHAT averages the whole sequence — the reason
+the RASP compiler keeps a BOS key with a score between the two.
+
+Exactness: scores are summed in float32 with ``precision="highest"`` (the default here,
+unlike the soft kernels, because exactness is the contract), and ``j ∈ A_i`` is the test
+``s_ij >= max_j s_ij - tol``. For the integer and half-integer scores the compiler
+produces (|s| < 2**24) the float32 products and sums are exact, so ``tol=0`` gives the
+exact argmax set; ``tol > 0`` is for scores computed from real data (the simulator), where
+intended ties can differ by rounding. The average is ``Σ_{j∈A} v_j / |A|`` accumulated in
+float32: exact for integers below 2**24 divided by the count, else one rounding per add.
+
+Masking: ``causal=True`` lets query ``i`` see keys ``j <= i`` (self-attention, ``T == S``);
+``mask_BS`` (True = a real key) removes padded keys. A query that sees no key at all
+(possible only through ``mask_BS``) returns zeros, never NaN.
+
+The soft limit :func:`soft_attention` is ``softmax(β·s)`` over the same visible keys: as
+``β → ∞`` it tends to AHAT (the tie set shares the mass evenly); tracr's compiled models are
+this with β = 100 and a BOS score of 50 — approximately right only.
+
+Gradients: the argmax set is piecewise constant in q and k, so AHAT's gradient with respect
+to ``q`` and ``k`` is zero almost everywhere (``stop_gradient`` makes that explicit); with
+respect to ``v`` it is the average itself. Train with the soft limit if scores must learn.
+
+Layout: ``q [B, T, H, D]``, ``k [B, S, H, D]``, ``v [B, S, H, E]`` → ``[B, T, H, E]`` (in the
+dtype of ``v``, or float32 for integer ``v``: an average of integers is not one); the
+arithmetic is written once per head on ``[T, D]`` and vmapped. With ``return_weights=True``
+the attention map ``[B, H, T, S]`` (rows sum to 1, or 0 for a query that sees nothing)
+comes back as a second output.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from jaxmem._checks import check_finite_number, check_rank
+from jaxmem.kernels.attention import MASK_VALUE, check_qkv
+from jaxmem.kernels.precision import matmul_for
+
+__all__ = ["ahat_attention", "ahat_head", "ahat_weights", "soft_attention", "soft_weights"]
+
+
+def _visible(T: int, S: int, causal: bool, mask_S: Optional[jax.Array]) -> jax.Array:
+  vis = jnp.ones((T, S), bool)
+  if causal:
+    vis = jnp.arange(S)[None, :] <= jnp.arange(T)[:, None]
+  if mask_S is not None:
+    vis = vis & mask_S[None, :].astype(bool)
+  return vis
+
+
+def _argmax_set(scores_TS, visible_TS, tol):
+  s = jax.lax.stop_gradient(scores_TS)
+  s = jnp.where(visible_TS, s, jnp.asarray(MASK_VALUE, s.dtype))
+  top = jnp.max(s, axis=-1, keepdims=True)
+  chosen = visible_TS & (s >= top - jnp.asarray(tol, s.dtype))
+  count = jnp.maximum(jnp.sum(chosen, axis=-1, keepdims=True), 1).astype(s.dtype)
+  return jnp.where(chosen, 1.0, 0.0).astype(s.dtype), count
+
+
+def ahat_weights(scores_TS: jax.Array, visible_TS: jax.Array, tol: float = 0.0) -> jax.Array:
+  """Uniform weights over each row's argmax set among the visible keys: ``[T, S]`` → ``[T, S]``.
+
+  Rows with no visible key are all zero."""
+  chosen, count = _argmax_set(scores_TS, visible_TS, tol)
+  return chosen / count
+
+
+def soft_weights(scores_TS: jax.Array, visible_TS: jax.Array, beta: float) -> jax.Array:
+  """``softmax(β·s)`` over the visible keys; rows with no visible key are all zero."""
+  logits = jnp.where(visible_TS, scores_TS * jnp.asarray(beta, scores_TS.dtype), MASK_VALUE)
+  w = jax.nn.softmax(logits, axis=-1)
+  return jnp.where(jnp.any(visible_TS, axis=-1, keepdims=True), w, 0.0)
+
+
+def ahat_head(q_TD, k_SD, v_SE, *, causal: bool = False, mask_S=None, tol: float = 0.0,
+              beta: Optional[float] = None, precision: Any = "highest"):
+  """One head on ``q [T, D]``, ``k [S, D]``, ``v [S, E]`` → (``[T, E]``, weights ``[T, S]``).
+
+  ``beta=None`` is AHAT; a number is the soft limit ``softmax(β·s)``."""
+  dot = matmul_for(precision)
+  acc = jnp.promote_types(jnp.result_type(q_TD, k_SD, v_SE), jnp.float32)
+  scores = dot.einsum("td,sd->ts", q_TD.astype(acc), k_SD.astype(acc), preferred_element_type=acc)
+  vis = _visible(q_TD.shape[0], k_SD.shape[0], causal, mask_S)
+  if beta is None:
+    # Σ_{j∈A} v_j, then one division by |A|: exact for integer values (sums below 2**24),
+    # correctly rounded otherwise up to the sum's own rounding — not Σ fl(1/|A|)·v_j
+    chosen, count = _argmax_set(scores, vis, tol)
+    w = chosen / count
+    out = dot.einsum("ts,se->te", chosen, v_SE.astype(acc), preferred_element_type=acc) / count
+  else:
+    w = soft_weights(scores, vis, beta)
+    out = dot.einsum("ts,se->te", w, v_SE.astype(acc), preferred_element_type=acc)
+  # an average of integers is not an integer: integer (or bool) values come back in `acc`
+  out_dtype = v_SE.dtype if jnp.issubdtype(v_SE.dtype, jnp.inexact) else acc
+  return out.astype(out_dtype), w
+
+
+def _check(q, k, v, causal, mask_BS, tol):
+  B, T, H, D, S = check_qkv(q, k, v)
+  if causal and T != S:
+    raise ValueError(f"causal AHAT needs as many queries as keys; got q length {T}, k length {S}.")
+  if mask_BS is not None:
+    Bm, Sm = check_rank("mask_BS", mask_BS, 2, "B, S")
+    if (Bm, Sm) != (B, S):
+      raise ValueError(f"`mask_BS` must have shape (B, S) = {(B, S)} of the keys, got {(Bm, Sm)}.")
+  if check_finite_number("tol", tol) < 0:
+    raise ValueError(f"tol must be >= 0, got {tol!r}.")
+  return B, T, H, D, S
+
+
+def _run(q, k, v, causal, mask_BS, tol, beta, precision, return_weights):
+  head = lambda qh, kh, vh, m: ahat_head(qh, kh, vh, causal=causal, mask_S=m, tol=tol,
+                                         beta=beta, precision=precision)
+  # vmap over heads (axis 1 of [T, H, D]) then batch
+  per_b = jax.vmap(head, in_axes=(1, 1, 1, None), out_axes=(1, 0))
+  m = mask_BS if mask_BS is not None else jnp.ones(k.shape[:2], bool)
+  out, w = jax.vmap(per_b, in_axes=(0, 0, 0, 0))(q, k, v, m)
+  return (out, w) if return_weights else out
+
+
+def ahat_attention(q_BTHD, k_BSHD, v_BSHE, *, causal: bool = False, mask_BS=None,
+                   tol: float = 0.0, precision: Any = "highest", return_weights: bool = False):
+  """Average hard attention ``[B, T, H, D] × [B, S, H, D] × [B, S, H, E] → [B, T, H, E]``.
+
+  Scores are the raw dot products ``q·k`` (no ``1/√D``: scale q if you want it).
+  ``return_weights=True`` also returns the attention map ``[B, H, T, S]``."""
+  _check(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, tol)
+  return _run(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, float(tol), None, precision, return_weights)
+
+
+def soft_attention(q_BTHD, k_BSHD, v_BSHE, *, beta: float, causal: bool = False, mask_BS=None,
+                   precision: Any = "highest", return_weights: bool = False):
+  """The soft limit of :func:`ahat_attention`: ``softmax(β · q·k)`` over the visible keys."""
+  _check(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, 0.0)
+  check_finite_number("beta", beta, positive=True)
+  return _run(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, 0.0, float(beta), precision, return_weights)

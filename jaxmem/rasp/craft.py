@@ -1,0 +1,672 @@
+"""Weights: the residual space, and every op's attention head or MLP, as numpy arrays.
+
+Residual space (named dimensions, fixed order): ``one`` (1 everywhere), ``bos`` (1 at the
+BOS position only), then every SOp in graph order — a categorical SOp ``s`` gets one
+dimension ``s:v`` per value ``v`` (one-hot; all zero means ``None``), a numerical SOp one
+dimension ``s`` — and the scratch dimension ``s:1/(w+1)`` of each SelectorWidth.
+**Invariant**: after every layer, every SOp dimension is exactly 0 at the BOS position
+(embeddings write nothing there; every head's BOS query reads the BOS key, whose value is
+the op's default, removed again by the same layer's MLP when non-zero; every first-layer
+MLP unit gets a ``bos`` weight that holds its pre-activation at BOS at −1 or below, computed
+from the exact residual that MLP sees at BOS, so no MLP writes there).
+
+Attention (one head per op; scores are sums of 0/1 table entries, so exact in float32):
+
+* ``Aggregate(S, v, default)`` with ``S`` the conjunction of ``m`` Selects: the score of key
+  ``k`` for query ``q`` is ``Σ_i P_i(key_i[k], query_i[q])`` ∈ {0..m}, each ``P_i`` a 0/1 table
+  written into ``W_Q``/``W_K`` over the one-hot dimensions (rank ``min(|V_q|, |V_k|)``); the
+  BOS key scores ``m − ½``. Hard attention takes the argmax set: the selected keys when any
+  exist (score ``m``), else BOS alone, whose value is the default. Heads use a tie tolerance
+  of ¼ (scores are multiples of ½), so one-hots that are 1 ± 1e−7 still tie exactly.
+* ``SelectorWidth(S)``: the same scores with BOS at ``m`` (always selected) and value
+  ``bos``: the head writes ``1/(w+1)`` exactly; the MLP below turns it into ``w``.
+
+MLPs (one lane per op, lanes side by side; ReLU; depth 1–3):
+
+* categorical input → depth 1: one unit per output value, ``relu(Σ_{v: f(v)=y} x_v)``;
+* numerical input ``x`` with sorted value set ``u_0 < … < u_m`` → depth 2 (discretise, then
+  clean) for a categorical output, 3 for a numerical one: at each point ``c`` where the
+  function's output changes, layer 1 has ``relu(L(x−t)+½) − relu(L(x−t)−½)`` with ``t`` the
+  midpoint and ``L = 4/gap`` (≈ 0 or 1 when ``|x − t| ≥ gap/8``, up to the float rounding of
+  the large slope), layer 2 cleans it to exactly 0 or 1 (``relu(8s−3) − relu(8s−4)``, whose
+  two terms are computed without rounding); segment indicators are differences of
+  consecutive steps, and a numerical output reads them through one more ReLU layer so each
+  output value is written by a single exact product;
+* ``SequenceMap`` → one more layer of pair units ``relu(ind_a + ind_b − 1)`` over the
+  operands' indicators (raw one-hots for categorical operands: depth 1, as tracr);
+* ``LinearSequenceMap`` of numericals → depth 1, ``c_a(relu(a)−relu(−a)) + c_b(…)``: exact.
+
+A lane shallower than its layer's MLP is carried forward by identity units
+(``relu(h) = h`` for ``h ≥ 0``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from jaxmem.rasp import rasp
+from jaxmem.rasp.passes import Schedule, ValueSets, kind, selects_of, sort_values
+
+TIE_TOL = 0.25
+STEP_SLOPE = 4.0       # L·gap: the step is saturated at ±2 at the neighbouring values
+CLEAN_SLOPE = 8.0
+MIN_GAP = 1e-5         # value sets closer than this (relative) cannot be told apart in float32
+
+
+# ----------------------------------------------------------------------------- residual
+
+
+@dataclasses.dataclass
+class Space:
+  """How one SOp is laid out in the residual."""
+  label: str
+  encoding: str               # "categorical" | "numerical"
+  dims: List[int]
+  values: List[Any]           # categorical: the value of each dim; numerical: []
+
+  def position(self, value: Any) -> Optional[int]:
+    if not hasattr(self, "_index"):
+      self._index = {}
+      for i, v in enumerate(self.values):
+        self._index.setdefault(_hashable(v), i)
+    i = self._index.get(_hashable(value))
+    if i is None:  # 1 == 1.0 == True across types
+      for j, v in enumerate(self.values):
+        if not isinstance(v, str) and not isinstance(value, str) and v == value:
+          return j
+    return i
+
+
+class Residual:
+  def __init__(self):
+    self.names: List[str] = []
+    self.spaces: Dict[int, Space] = {}
+    self._labels: set = set()
+
+  def add(self, name: str) -> int:
+    self.names.append(name)
+    return len(self.names) - 1
+
+  def add_sop(self, e: rasp.SOp, values: Optional[list]) -> Space:
+    label = e.label
+    if label in self._labels:  # two SOps of one name: keep residual names unique
+      label = f"{label}#{e.unique_id}"
+    self._labels.add(label)
+    if rasp.is_numerical(e):
+      sp = Space(label, "numerical", [self.add(label)], [])
+    else:
+      values = [v for v in values if v is not None]  # None is the zero vector
+      sp = Space(label, "categorical", [self.add(f"{label}:{v}") for v in values], list(values))
+    self.spaces[e.unique_id] = sp
+    return sp
+
+  @property
+  def width(self) -> int:
+    return len(self.names)
+
+
+# ----------------------------------------------------------------------------- MLP lanes
+
+
+@dataclasses.dataclass
+class Unit:
+  weights: Dict[int, float]   # input index -> weight (residual dims for layer 0, else units)
+  bias: float = 0.0
+  bos: Optional[float] = None  # layer-0 weight on the bos dim (None: gate off automatically)
+
+
+class Lane:
+  """One op's MLP: ``layers[j]`` is a list of units reading layer ``j−1``'s units (the
+  residual for ``j = 0``); ``out`` maps last-layer units to residual dims."""
+
+  def __init__(self, label: str):
+    self.label = label
+    self.layers: List[List[Unit]] = []
+    self.out: Dict[Tuple[int, int], float] = {}   # (unit, residual dim) -> weight
+
+  def add_layer(self) -> List[Unit]:
+    self.layers.append([])
+    return self.layers[-1]
+
+  @property
+  def depth(self) -> int:
+    return len(self.layers)
+
+
+# A functional is a sparse linear form {index: coefficient} over the residual (depth 0) or
+# over the units of the lane's current last layer.
+Functional = Dict[int, float]
+
+
+def _indicators_categorical(space: Space, classes: List[List[int]]) -> List[Functional]:
+  """Depth-0 indicators: the sum of the one-hot dims of each class of value positions."""
+  return [{space.dims[i]: 1.0 for i in cls} for cls in classes]
+
+
+def _step_layers(lane: Lane, x_dim: int, u: np.ndarray, cuts: List[int], label: str):
+  """Layers 1–2 of a numerical discretisation at the change points ``cuts`` (indices into
+  the sorted values ``u``; a cut ``c`` separates ``u[c−1]`` from ``u[c]``). Returns the
+  layer-2 units' functionals: ``alive`` (1 off BOS) and each clean step ``s'_c``."""
+  l1 = lane.add_layer()
+  l1.append(Unit({}, bias=1.0, bos=-2.0))  # alive: relu(1 − 2·bos)
+  for c in cuts:
+    gap = float(u[c] - u[c - 1])
+    scale = max(abs(float(u[c])), abs(float(u[c - 1])), 1.0)
+    if gap <= MIN_GAP * scale:
+      raise ValueError(
+          f"'{label}' must tell apart the values {u[c - 1]!r} and {u[c]!r}, closer than "
+          f"float32 can resolve reliably (gap {gap:.3g}); the compiled model would not be exact.")
+    t, L = 0.5 * float(u[c] + u[c - 1]), STEP_SLOPE / gap
+    l1.append(Unit({x_dim: L}, bias=-L * t + 0.5))
+    l1.append(Unit({x_dim: L}, bias=-L * t - 0.5))
+  l2 = lane.add_layer()
+  l2.append(Unit({0: 1.0}))  # alive, carried
+  steps = []
+  for j, _ in enumerate(cuts):
+    a, b = 1 + 2 * j, 2 + 2 * j
+    # coarse s = h_a − h_b ≈ 0 or 1 (±1e-3: rounding of the large slope). Clean step
+    # relu(m − 3) − relu(m − 4) with m = 8s: where s ≈ 1, m ∈ [4, 16) and m − 3, m − 4 are
+    # computed exactly (their magnitude is below m's), so the step is exactly 1; where
+    # s ≈ 0 both units are off, so it is exactly 0.
+    l2.append(Unit({a: CLEAN_SLOPE, b: -CLEAN_SLOPE}, bias=-3.0))
+    l2.append(Unit({a: CLEAN_SLOPE, b: -CLEAN_SLOPE}, bias=-4.0))
+    steps.append({1 + 2 * j: 1.0, 2 + 2 * j: -1.0})
+  return {0: 1.0}, steps
+
+
+def _segments(u_len: int, cuts: List[int], alive: Functional, steps: List[Functional]):
+  """Indicator functionals of the segments between cuts: [0, c_0), [c_0, c_1), …"""
+  bounds = [alive] + steps + [{}]
+  out = []
+  for i in range(len(cuts) + 1):
+    f = dict(bounds[i])
+    for k, w in bounds[i + 1].items():
+      f[k] = f.get(k, 0.0) - w
+    out.append(f)
+  return out
+
+
+def _runs(keys: Sequence[Any]) -> Tuple[List[int], List[List[int]]]:
+  """Cut points between runs of equal consecutive keys, and the runs."""
+  cuts, runs = [], [[0]]
+  for i in range(1, len(keys)):
+    if keys[i] != keys[i - 1]:
+      cuts.append(i)
+      runs.append([i])
+    else:
+      runs[-1].append(i)
+  return cuts, runs
+
+
+def _carry(lane: Lane, fs: List[Functional]) -> List[Functional]:
+  """Carries non-negative functionals one layer deeper: one unit ``relu(f)`` each."""
+  layer = lane.add_layer()
+  out = []
+  for f in fs:
+    layer.append(Unit(dict(f)))
+    out.append({len(layer) - 1: 1.0})
+  return out
+
+
+def _encode(space: Space, value: Any) -> Dict[int, float]:
+  """The residual vector of ``value`` in ``space`` (None: zero)."""
+  if value is None:
+    return {}
+  if space.encoding == "numerical":
+    if not (isinstance(value, (int, float, bool, np.number))):
+      raise ValueError(f"numerical SOp '{space.label}' takes the non-numerical value "
+                       f"{value!r}; numerical SOps must be numbers (or bools).")
+    v = float(value)
+    return {space.dims[0]: v} if v != 0.0 else {}
+  i = space.position(value)
+  if i is not None:
+    return {space.dims[i]: 1.0}
+  raise ValueError(f"value {value!r} is not in the value set of '{space.label}'.")
+
+
+def _emit(lane: Lane, last: List[Functional], outputs: List[Any], space: Space, direct: bool):
+  """Output layer: indicator ``i`` of ``last`` writes ``encode(outputs[i])``. ``direct``:
+  the indicators are already last-layer outputs (linear readout); else one ReLU layer of
+  ``relu(indicator)`` units is added first."""
+  if not direct:
+    layer = lane.add_layer()
+    keep = []
+    for f, y in zip(last, outputs, strict=True):
+      enc = _encode(space, y)
+      if not enc:
+        continue
+      layer.append(Unit(dict(f)))
+      keep.append(({len(layer) - 1: 1.0}, enc))
+  else:
+    keep = [(f, _encode(space, y)) for f, y in zip(last, outputs, strict=True)]
+  for f, enc in keep:
+    for unit, a in f.items():
+      for dim, b in enc.items():
+        lane.out[(unit, dim)] = lane.out.get((unit, dim), 0.0) + a * b
+
+
+class _Operand:
+  """How a lane sees one input SOp: its sorted values and a way to build indicators of
+  classes of them."""
+
+  def __init__(self, e: rasp.SOp, vs: ValueSets, res: Residual):
+    self.e, self.space = e, res.spaces[e.unique_id]
+    if rasp.is_numerical(e):
+      raw = vs[e]
+      byval: Dict[float, Any] = {}
+      for v in raw:
+        byval.setdefault(0.0 if v is None else float(v), v)
+      self.u = np.asarray(sorted(byval))
+      self.values = [byval[x] for x in self.u]
+    else:
+      self.values = list(self.space.values)
+      self.u = None
+
+  @property
+  def numerical(self):
+    return self.u is not None
+
+
+def _operand_indicators(lane: Lane, op: _Operand, keys: List[Any]):
+  """Indicators of the classes of ``op``'s values with equal ``keys`` (for categorical
+  operands, arbitrary classes; for numerical, runs of the sorted values). Returns
+  (depth, indicator functionals, class representative value positions)."""
+  if not op.numerical:
+    classes: Dict[Any, List[int]] = {}
+    order = []
+    for i, k in enumerate(keys):
+      kk = _hashable(k)
+      if kk not in classes:
+        classes[kk] = []
+        order.append(kk)
+      classes[kk].append(i)
+    cls = [classes[k] for k in order]
+    return 0, _indicators_categorical(op.space, cls), [c[0] for c in cls]
+  cuts, runs = _runs([_hashable(k) for k in keys])
+  if not cuts:
+    l1 = lane.add_layer()
+    l1.append(Unit({}, bias=1.0, bos=-2.0))
+    return 1, [{0: 1.0}], [0]
+  alive, steps = _step_layers(lane, op.space.dims[0], op.u, cuts, op.e.label)
+  return 2, _segments(len(op.u), cuts, alive, steps), [r[0] for r in runs]
+
+
+def _hashable(v):
+  try:
+    hash(v)
+    return (type(v).__name__ if isinstance(v, str) else "", v)
+  except TypeError:
+    return ("repr", repr(v))
+
+
+def _call(e, f, *args):
+  try:
+    return f(*args)
+  except Exception as exc:
+    raise ValueError(f"the function of '{e.label}' raised {type(exc).__name__}: {exc} on "
+                     f"{args!r}.") from exc
+
+
+def map_lane(e: rasp.Map, vs: ValueSets, res: Residual) -> Lane:
+  lane = Lane(e.label)
+  op = _Operand(e.inner, vs, res)
+  outs = [None if v is None else _call(e, e.f, v) for v in op.values]
+  depth, inds, reps = _operand_indicators(lane, op, outs)
+  space = res.spaces[e.unique_id]
+  # categorical input: one ReLU layer of class indicators. Numerical input: the segment
+  # indicators are exact 0/1 already; a categorical output reads them linearly, a
+  # numerical one through one more ReLU layer so that each output is one product g·1
+  # (exact) rather than a sum of many steps (rounding accumulates).
+  _emit(lane, inds, [outs[r] for r in reps], space,
+        direct=depth > 0 and space.encoding == "categorical")
+  return lane
+
+
+def width_lane(e: rasp.SelectorWidth, scratch: int, vs: ValueSets, res: Residual,
+               N: int) -> Lane:
+  lane = Lane(e.label)
+  u = np.asarray([1.0 / (w + 1) for w in range(N, -1, -1)])  # ascending: w = N … 0
+  ws = list(range(N, -1, -1))
+  cuts = list(range(1, len(u)))
+  alive, steps = _step_layers(lane, scratch, u, cuts, e.label)
+  inds = _segments(len(u), cuts, alive, steps)
+  space = res.spaces[e.unique_id]
+  _emit(lane, inds, ws, space, direct=space.encoding == "categorical")
+  return lane
+
+
+def linear_lane(e: rasp.LinearSequenceMap, res: Residual) -> Lane:
+  lane = Lane(e.label)
+  layer = lane.add_layer()
+  out_dim = res.spaces[e.unique_id].dims[0]
+  for sop, c in ((e.fst, e.fst_fac), (e.snd, e.snd_fac)):
+    d = res.spaces[sop.unique_id].dims[0]
+    layer.append(Unit({d: 1.0}))
+    lane.out[(len(layer) - 1, out_dim)] = lane.out.get((len(layer) - 1, out_dim), 0.0) + float(c)
+    layer.append(Unit({d: -1.0}))
+    lane.out[(len(layer) - 1, out_dim)] = lane.out.get((len(layer) - 1, out_dim), 0.0) - float(c)
+  return lane
+
+
+def sequence_map_lane(e: rasp.SequenceMap, vs: ValueSets, res: Residual) -> Lane:
+  lane = Lane(e.label)
+  a, b = _Operand(e.fst, vs, res), _Operand(e.snd, vs, res)
+  table = [[None if (x is None or y is None) else _call(e, e.f, x, y) for y in b.values]
+           for x in a.values]
+  rows = [tuple(_hashable(t) for t in r) for r in table]
+  cols = [tuple(_hashable(table[i][j]) for i in range(len(a.values))) for j in range(len(b.values))]
+  # Operand a's lane layers first, then b's are built in a separate lane and merged.
+  lane_b = Lane(e.label)
+  da, ia, ra = _operand_indicators(lane, a, rows)
+  db, ib, rb = _operand_indicators(lane_b, b, cols)
+  depth = max(da, db)
+  ia = _pad(lane, ia, da, depth)
+  ib = _pad(lane_b, ib, db, depth)
+  offset = _merge(lane, lane_b)
+  ib = [{k + offset: w for k, w in f.items()} for f in ib] if depth > 0 else ib
+  # pair layer
+  layer = lane.add_layer()
+  space = res.spaces[e.unique_id]
+  for fi, i in zip(ia, ra, strict=True):
+    for fj, j in zip(ib, rb, strict=True):
+      enc = _encode(space, table[i][j])
+      if not enc:
+        continue
+      f = dict(fi)
+      for k, w in fj.items():
+        f[k] = f.get(k, 0.0) + w
+      layer.append(Unit(f, bias=-1.0))
+      for dim, val in enc.items():
+        lane.out[(len(layer) - 1, dim)] = val
+  return lane
+
+
+def _pad(lane: Lane, fs: List[Functional], depth: int, target: int) -> List[Functional]:
+  while depth < target:
+    fs = _carry(lane, fs)
+    depth += 1
+  return fs
+
+
+def _merge(lane: Lane, other: Lane) -> int:
+  """Puts ``other``'s layers beside ``lane``'s (same depth); returns the unit offset of
+  ``other``'s units in the last layer."""
+  if other.depth != lane.depth:
+    raise AssertionError("lanes of different depths")
+  offset = 0
+  prev_off = 0
+  for j in range(lane.depth):
+    off = len(lane.layers[j])
+    for unit in other.layers[j]:
+      w = unit.weights if j == 0 else {k + prev_off: v for k, v in unit.weights.items()}
+      lane.layers[j].append(Unit(w, unit.bias, unit.bos))
+    prev_off = off
+    offset = off
+  return offset
+
+
+def cleanup_lane(label: str, space: Space, default: Any) -> Lane:
+  """Zeroes an aggregate's dims at BOS (its BOS query read the default): ``relu(bos)``."""
+  lane = Lane(label + ":bos_cleanup")
+  layer = lane.add_layer()
+  layer.append(Unit({}, bias=0.0, bos=1.0))
+  for dim, val in _encode(space, default).items():
+    lane.out[(0, dim)] = -val
+  return lane
+
+
+# ----------------------------------------------------------------------------- heads
+
+
+@dataclasses.dataclass
+class Head:
+  label: str
+  wq: np.ndarray   # [d, dk]
+  wk: np.ndarray   # [d, dk]
+  wv: np.ndarray   # [d, dv]
+  wo: np.ndarray   # [dv, d]
+
+
+def _predicate_table(sel: rasp.Select, qvals: list, kvals: list) -> np.ndarray:
+  """``P[a, b] = predicate(key=kvals[b], query=qvals[a])``, vectorised for Comparisons on
+  numbers."""
+  p = sel.predicate
+  if isinstance(p, rasp.Comparison) and qvals and kvals and all(
+      isinstance(v, (int, float, bool, np.number)) for v in qvals + kvals):
+    q = np.asarray(qvals, np.float64)[:, None]
+    k = np.asarray(kvals, np.float64)[None, :]
+    table = {
+        rasp.Comparison.EQ: k == q, rasp.Comparison.LT: k < q, rasp.Comparison.LEQ: k <= q,
+        rasp.Comparison.GT: k > q, rasp.Comparison.GEQ: k >= q, rasp.Comparison.NEQ: k != q,
+        rasp.Comparison.TRUE: np.ones((len(qvals), len(kvals)), bool),
+        rasp.Comparison.FALSE: np.zeros((len(qvals), len(kvals)), bool),
+    }[p]
+    return table.astype(np.float64)
+  out = np.zeros((len(qvals), len(kvals)))
+  for a, qv in enumerate(qvals):
+    for b, kv in enumerate(kvals):
+      try:
+        out[a, b] = 1.0 if p(kv, qv) else 0.0
+      except Exception as exc:
+        raise ValueError(f"the predicate of '{sel.label}' raised {type(exc).__name__}: {exc} "
+                         f"on key {kv!r}, query {qv!r}.") from exc
+  return out
+
+
+def build_head(e, res: Residual, d: int, scratch: Optional[int]) -> Head:
+  """The hard-attention head of an Aggregate, or of a SelectorWidth's attention half."""
+  selects = selects_of(e.selector)
+  m = len(selects)
+  blocks_q, blocks_k = [], []
+  for s in selects:
+    qs, ks = res.spaces[s.queries.unique_id], res.spaces[s.keys.unique_id]
+    P = _predicate_table(s, qs.values, ks.values)
+    if len(qs.dims) <= len(ks.dims):
+      bq = np.zeros((d, len(qs.dims)))
+      bq[qs.dims, np.arange(len(qs.dims))] = 1.0
+      bk = np.zeros((d, len(qs.dims)))
+      bk[np.asarray(ks.dims)[:, None], np.arange(len(qs.dims))[None, :]] = P.T
+    else:
+      bq = np.zeros((d, len(ks.dims)))
+      bq[np.asarray(qs.dims)[:, None], np.arange(len(ks.dims))[None, :]] = P
+      bk = np.zeros((d, len(ks.dims)))
+      bk[ks.dims, np.arange(len(ks.dims))] = 1.0
+    blocks_q.append(bq)
+    blocks_k.append(bk)
+  one, bos = 0, 1
+  bq = np.zeros((d, 1))
+  bq[one, 0] = 1.0
+  bk = np.zeros((d, 1))
+  width = isinstance(e, rasp.SelectorWidth)
+  bk[bos, 0] = float(m) if width else m - 0.5
+  wq = np.concatenate(blocks_q + [bq], axis=1)
+  wk = np.concatenate(blocks_k + [bk], axis=1)
+  if width:
+    wv = np.zeros((d, 1))
+    wv[bos, 0] = 1.0
+    wo = np.zeros((1, d))
+    wo[0, scratch] = 1.0
+    return Head(e.label, wq, wk, wv, wo)
+  src, dst = res.spaces[e.sop.unique_id], res.spaces[e.unique_id]
+  if dst.encoding == "numerical":
+    wv = np.zeros((d, 1))
+    if src.encoding == "numerical":
+      wv[src.dims[0], 0] = 1.0
+    else:
+      for dim, v in zip(src.dims, src.values, strict=True):
+        wv[dim, 0] = 0.0 if v is None else float(v)
+    wv[bos, 0] = 0.0 if e.default is None else float(e.default)
+    wo = np.zeros((1, d))
+    wo[0, dst.dims[0]] = 1.0
+  else:
+    wv = np.zeros((d, len(dst.dims)))
+    for dim, v in zip(src.dims, src.values, strict=True):
+      enc = _encode(dst, v)
+      for j, val in enc.items():
+        wv[dim, dst.dims.index(j)] = val
+    if e.default is not None:
+      for j, val in _encode(dst, e.default).items():
+        wv[bos, dst.dims.index(j)] = val
+    wo = np.zeros((len(dst.dims), d))
+    wo[np.arange(len(dst.dims)), dst.dims] = 1.0
+  return Head(e.label, wq, wk, wv, wo)
+
+
+# ----------------------------------------------------------------------------- assembly
+
+
+@dataclasses.dataclass
+class LayerWeights:
+  heads: List[Head]
+  mlp: List[Tuple[np.ndarray, np.ndarray]]   # [(W [in, out], b [out])...]; last maps to d
+  attn_ops: List[str]
+  mlp_ops: List[str]
+
+
+def assemble_mlp(lanes: List[Lane], d: int, x_bos: Optional[np.ndarray] = None
+                 ) -> List[Tuple[np.ndarray, np.ndarray]]:
+  """Lanes side by side as one dense MLP ``x ↦ W_D relu(… relu(x W_1 + b_1) …) + b_D``.
+
+  ``x_bos`` is the residual this MLP sees at the BOS position (``one``, ``bos``, SelectorWidth
+  scratch dims, and the defaults its layer's heads just wrote there): each first-layer unit
+  gets the weight on ``bos`` that puts its pre-activation at BOS at exactly −1 or below, so
+  every unit is off at BOS and the deeper layers (biases ≤ 0) stay off too."""
+  if x_bos is None:
+    x_bos = np.zeros(d)
+    x_bos[:2] = 1.0
+  if not lanes:
+    return []
+  depth = max(lane.depth for lane in lanes)
+  for lane in lanes:  # carry shallow lanes' last layer (non-negative) to the common depth
+    while lane.depth < depth:
+      last = len(lane.layers[-1])
+      layer = lane.add_layer()
+      for i in range(last):
+        layer.append(Unit({i: 1.0}))
+  sizes = [[len(lane.layers[j]) for lane in lanes] for j in range(depth)]
+  offs = [np.concatenate([[0], np.cumsum(s)]).astype(int) for s in sizes]
+  mats = []
+  for j in range(depth):
+    n_in = d if j == 0 else int(offs[j - 1][-1])
+    W = np.zeros((n_in, int(offs[j][-1])))
+    b = np.zeros(int(offs[j][-1]))
+    for li, lane in enumerate(lanes):
+      in_off = 0 if j == 0 else offs[j - 1][li]
+      for ui, unit in enumerate(lane.layers[j]):
+        col = offs[j][li] + ui
+        for k, w in unit.weights.items():
+          W[in_off + k, col] += w
+        b[col] = unit.bias
+        if j == 0:
+          at_bos = unit.bias + sum(w * float(x_bos[k]) for k, w in unit.weights.items())
+          W[1, col] += unit.bos if unit.bos is not None else -(max(at_bos, 0.0) + 1.0)
+    mats.append((W, b))
+  Wout = np.zeros((int(offs[-1][-1]), d))
+  for li, lane in enumerate(lanes):
+    for (ui, dim), w in lane.out.items():
+      Wout[offs[-1][li] + ui, dim] += w
+  mats.append((Wout, np.zeros(d)))
+  return mats
+
+
+def estimate_params(d: int, heads: List[List[Head]], lanes: List[List[Lane]]) -> int:
+  """The dense parameter count :func:`assemble_mlp` and the head padding will produce."""
+  total = 0
+  for hs, ls in zip(heads, lanes, strict=True):
+    if hs:
+      dk = max(h.wq.shape[1] for h in hs)
+      dv = max(h.wv.shape[1] for h in hs)
+      total += len(hs) * (2 * d * dk + 2 * d * dv)
+    if ls:
+      depth = max(ln.depth for ln in ls)
+      widths = [sum(len(ln.layers[j]) if j < ln.depth else len(ln.layers[-1]) for ln in ls)
+                for j in range(depth)]
+      prev = d
+      for w in widths:
+        total += prev * w + w
+        prev = w
+      total += prev * d + d
+  return total
+
+
+def build(nodes: Sequence[rasp.RASPExpr], output: rasp.SOp, vs: ValueSets, schedule: Schedule,
+          vocab: list, max_seq_len: int, max_params: Optional[int] = None):
+  """Residual, embeddings and per-layer weights of the compiled program."""
+  res = Residual()
+  res.add("one")
+  res.add("bos")
+  scratch: Dict[int, int] = {}
+  sops = [e for e in nodes if isinstance(e, rasp.SOp)]
+  for e in sops:
+    res.add_sop(e, None if rasp.is_numerical(e) else vs[e])
+    if isinstance(e, rasp.SelectorWidth):
+      scratch[e.unique_id] = res.add(f"{e.label}:1/(w+1)")
+  d = res.width
+  # embeddings: tokens (vocab order, then BOS) and positions (0 = BOS, p = index p-1)
+  tok = np.zeros((len(vocab) + 1, d))
+  pos = np.zeros((max_seq_len + 1, d))
+  tok[:, 0] = 1.0
+  tok[len(vocab), 1] = 1.0
+  for e in sops:
+    sp = res.spaces[e.unique_id]
+    if isinstance(e, rasp.TokensType):
+      for t, v in enumerate(vocab):
+        for dim, val in _encode(sp, v).items():
+          tok[t, dim] = val
+    elif isinstance(e, rasp.IndicesType):
+      for p in range(max_seq_len):
+        for dim, val in _encode(sp, p).items():
+          pos[p + 1, dim] = val
+    elif isinstance(e, rasp.Full):
+      for dim, val in _encode(sp, e.fill).items():
+        tok[: len(vocab), dim] = val
+  # per-layer ops
+  L = schedule.num_layers
+  attn: List[List[Head]] = [[] for _ in range(L)]
+  lanes: List[List[Lane]] = [[] for _ in range(L)]
+  for e in sops:
+    k = kind(e)
+    if k == "attn":
+      layer = schedule.slot[e.unique_id] // 2
+      attn[layer].append(build_head(e, res, d, None))
+      if e.default is not None and _encode(res.spaces[e.unique_id], e.default):
+        lanes[layer].append(cleanup_lane(e.label, res.spaces[e.unique_id], e.default))
+    elif k == "width":
+      layer = schedule.attn_slot[e.unique_id] // 2
+      attn[layer].append(build_head(e, res, d, scratch[e.unique_id]))
+      lanes[layer].append(width_lane(e, scratch[e.unique_id], vs, res, max_seq_len))
+    elif k == "mlp":
+      layer = schedule.slot[e.unique_id] // 2
+      if isinstance(e, rasp.LinearSequenceMap) and rasp.is_numerical(e.fst) and \
+          rasp.is_numerical(e.snd) and rasp.is_numerical(e):
+        lanes[layer].append(linear_lane(e, res))
+      elif isinstance(e, rasp.SequenceMap):
+        lanes[layer].append(sequence_map_lane(e, vs, res))
+      else:
+        lanes[layer].append(map_lane(e, vs, res))
+  if max_params is not None:
+    est = estimate_params(d, attn, lanes) + tok.size + pos.size
+    if est > max_params:
+      raise ValueError(f"the compiled model would have {est:,} parameters (residual width {d}), "
+                       f"more than max_params={max_params:,}.")
+  # the residual at BOS as each layer's MLP sees it: one, bos, every scratch dim written so
+  # far (the BOS query of a SelectorWidth head reads its own bos = 1), and the defaults the
+  # layer's Aggregates just wrote (cleaned up by this same MLP)
+  x_bos = np.zeros((L, d))
+  x_bos[:, :2] = 1.0
+  for e in sops:
+    k = kind(e)
+    if k == "width":
+      x_bos[schedule.attn_slot[e.unique_id] // 2:, scratch[e.unique_id]] = 1.0
+    elif k == "attn" and e.default is not None:
+      for dim, val in _encode(res.spaces[e.unique_id], e.default).items():
+        x_bos[schedule.slot[e.unique_id] // 2, dim] = val
+  layers = [LayerWeights(attn[i], assemble_mlp(lanes[i], d, x_bos[i]), [h.label for h in attn[i]],
+                         [ln.label for ln in lanes[i]]) for i in range(L)]
+  return res, tok, pos, layers
+
+
+__all__ = ["Head", "LayerWeights", "Residual", "Space", "TIE_TOL", "build", "sort_values"]

@@ -1,0 +1,491 @@
+"""The compiler's front passes, in order (tracr's stages, re-derived for hard attention):
+
+1. :func:`rewrite` — the program graph in a compilable normal form: ``length`` becomes a
+   ``SelectorWidth``; a Map or SequenceMap read by only one Map is fused into it; a
+   numerical SOp used as a selector key or query gets a categorical copy (the one-hot
+   shadow hard attention compares); a selector that is not a conjunction of Selects
+   becomes one Select over *product* SOps (the tuples of the SOps it reads).
+2. :func:`check_types` — encodings: what must be categorical is, numerical values are
+   numbers, constants that cannot be compiled are refused.
+3. :class:`ValueSets` — the finite value set of every SOp that needs one (categorical SOps,
+   and numerical SOps an MLP must discretise), from ``vocab`` and ``max_seq_len``.
+4. :func:`allocate` — layer allocation: every attention op (Aggregate, the attention half
+   of SelectorWidth) gets the earliest attention sublayer after its inputs exist, every
+   MLP op the earliest MLP sublayer; longest-path scheduling as tracr does.
+
+Each pass raises :class:`ValueError` naming the offending node (``'<label>'``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fractions
+import numbers
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from jaxmem.rasp import rasp
+
+MAX_VALUE_SET = 200_000  # larger numerical value sets are refused, not discretised
+
+
+def sort_values(values) -> list:
+  """A deterministic order for a value set of mixed types."""
+  def key(v):
+    if isinstance(v, (bool, int, float, np.number)):
+      return (0, float(v), "")
+    return (1, 0.0, f"{type(v).__name__}:{v!r}")
+  return sorted(values, key=key)
+
+
+def unique_values(values, label: str) -> list:
+  """The distinct values, sorted; values that Python calls equal but of different types
+  (``True == 1 == 1.0``) are refused: a one-hot dimension can hold only one of them, and
+  the interpreter would keep them apart (``str``, ``type``)."""
+  seen: Dict[Any, Any] = {}
+  for v in values:
+    try:
+      hash(v)
+    except TypeError as exc:
+      raise ValueError(f"'{label}' takes the unhashable value {v!r}; categorical values must be "
+                       "hashable (use a tuple, not a list).") from exc
+    if v in seen and type(seen[v]) is not type(v) and not isinstance(v, str):
+      raise ValueError(f"'{label}' takes the values {seen[v]!r} and {v!r}, equal in Python but of "
+                       "different types; a compiled one-hot cannot tell them apart. Use one type.")
+    seen.setdefault(v, v)
+  return sort_values(seen.values())
+
+
+def is_number(v: Any) -> bool:
+  return isinstance(v, (numbers.Real, np.number)) and not isinstance(v, complex)
+
+
+# ----------------------------------------------------------------------------- graph
+
+
+def walk(expr: rasp.RASPExpr) -> List[rasp.RASPExpr]:
+  """Every node reachable from ``expr``, children before parents (iterative DFS)."""
+  order, seen, stack = [], set(), [(expr, False)]
+  while stack:
+    node, done = stack.pop()
+    if done:
+      order.append(node)
+      continue
+    if node.unique_id in seen:
+      continue
+    seen.add(node.unique_id)
+    stack.append((node, True))
+    for c in reversed(node.children):
+      if c.unique_id not in seen:
+        stack.append((c, False))
+  return order
+
+
+def consumers(nodes: Sequence[rasp.RASPExpr]) -> Dict[int, int]:
+  count: Dict[int, int] = {}
+  for n in nodes:
+    for c in n.children:
+      count[c.unique_id] = count.get(c.unique_id, 0) + 1
+  return count
+
+
+def _flatten_and(sel: rasp.Selector) -> Optional[List[rasp.Select]]:
+  """The Selects of a pure conjunction, or None."""
+  if isinstance(sel, rasp.Select):
+    return [sel]
+  if isinstance(sel, rasp.SelectorAnd):
+    a, b = _flatten_and(sel.fst), _flatten_and(sel.snd)
+    return None if a is None or b is None else a + b
+  return None
+
+
+def _leaves(sel: rasp.Selector) -> List[rasp.Select]:
+  if isinstance(sel, rasp.Select):
+    return [sel]
+  if isinstance(sel, rasp.ConstantSelector):
+    raise ValueError(f"ConstantSelector '{sel.label}' cannot be compiled (it has no "
+                     "transformer form); use a Select.")
+  return [leaf for c in sel.children for leaf in _leaves(c)]
+
+
+def _tuple_sop(sops: List[rasp.SOp], tag: str) -> rasp.SOp:
+  """One SOp for several: the SOp itself when alone, else the categorical SOp of their
+  tuples (a product space, one MLP layer per extra SOp)."""
+  if len(sops) == 1:
+    return sops[0]
+  out = rasp.SequenceMap(lambda x, y: (x, y), sops[0], sops[1])
+  for s in sops[2:]:
+    out = rasp.SequenceMap(lambda t, y: t + (y,), out, s)
+  return rasp.categorical(out).named(tag)
+
+
+def _product_select(sel: rasp.Selector, keys: List[rasp.SOp], queries: List[rasp.SOp],
+                    key_pos: Dict[int, int], query_pos: Dict[int, int]) -> rasp.Select:
+  """``sel`` as one Select whose keys/queries are the tuples of the SOps it reads."""
+  kget = (lambda k, i: k) if len(keys) == 1 else (lambda k, i: k[i])
+  qget = (lambda q, i: q) if len(queries) == 1 else (lambda q, i: q[i])
+
+  def make(s: rasp.Selector) -> Callable[[Any, Any], bool]:
+    if isinstance(s, rasp.Select):
+      ki, qi, p = key_pos[s.keys.unique_id], query_pos[s.queries.unique_id], s.predicate
+      return lambda k, q: bool(p(kget(k, ki), qget(q, qi)))
+    if isinstance(s, rasp.SelectorNot):
+      f = make(s.inner)
+      return lambda k, q: not f(k, q)
+    f, g = make(s.fst), make(s.snd)
+    if isinstance(s, rasp.SelectorAnd):
+      return lambda k, q: f(k, q) and g(k, q)
+    return lambda k, q: f(k, q) or g(k, q)
+
+  name = sel.label
+  return rasp.Select(_tuple_sop(keys, f"{name}.keys"), _tuple_sop(queries, f"{name}.queries"),
+                     make(sel))
+
+
+def _then(f, y):
+  return None if y is None else f(y)
+
+
+def rewrite(program: rasp.SOp) -> rasp.SOp:
+  """The program in the compiler's normal form (see the module docstring). The output node
+  keeps its label."""
+  if not isinstance(program, rasp.SOp):
+    raise ValueError(f"`program` must be a SOp (a sequence operation), got "
+                     f"{type(program).__name__}.")
+  nodes = walk(program)
+  uses = consumers(nodes)
+  memo: Dict[int, rasp.RASPExpr] = {}
+  shadows: Dict[int, rasp.SOp] = {}
+  length_node: List[rasp.SOp] = []
+
+  def keep_annotations(new, old):
+    if new is old:
+      return new
+    new._annotations = dict(old._annotations)
+    return new
+
+  def fusable(inner: rasp.SOp) -> bool:
+    return (isinstance(inner, (rasp.Map, rasp.SequenceMap)) and uses.get(inner.unique_id, 0) == 1
+            and inner is not program and "value_set" not in inner._annotations
+            and not isinstance(inner, rasp.LinearSequenceMap))
+
+  def cat_key(s: rasp.SOp) -> rasp.SOp:
+    s = go(s)
+    if rasp.is_categorical(s):
+      return s
+    if s.unique_id not in shadows:
+      shadows[s.unique_id] = rasp.categorical(rasp.Map(lambda x: x, s, simplify=False)).named(
+          f"{s.label}:cat")
+    return shadows[s.unique_id]
+
+  def go_selector(sel: rasp.Selector) -> rasp.Selector:
+    conj = _flatten_and(sel)
+    if conj is not None:
+      parts = [rasp.Select(cat_key(s.keys), cat_key(s.queries), s.predicate) for s in conj]
+      out = parts[0]
+      for p in parts[1:]:
+        out = rasp.SelectorAnd(out, p)
+      return keep_annotations(out, sel) if len(parts) == 1 else out
+    leaves = _leaves(sel)
+    keys, queries, kpos, qpos = [], [], {}, {}
+    for leaf in leaves:
+      k, q = cat_key(leaf.keys), cat_key(leaf.queries)
+      if leaf.keys.unique_id not in kpos:
+        kpos[leaf.keys.unique_id] = len(keys)
+        keys.append(k)
+      if leaf.queries.unique_id not in qpos:
+        qpos[leaf.queries.unique_id] = len(queries)
+        queries.append(q)
+    return _product_select(sel, keys, queries, kpos, qpos)
+
+  def go(e: rasp.RASPExpr) -> rasp.RASPExpr:
+    if e.unique_id in memo:
+      return memo[e.unique_id]
+    if isinstance(e, rasp.LengthType):
+      if not length_node:
+        length_node.append(rasp.SelectorWidth(
+            rasp.Select(rasp.tokens, rasp.tokens, rasp.Comparison.TRUE)).named("length"))
+      out = length_node[0] if "encoding" not in e._annotations else annotate_like(length_node[0], e)
+    elif isinstance(e, (rasp.ConstantSOp, rasp.ConstantSelector)):
+      raise ValueError(f"{type(e).__name__} '{e.label}' cannot be compiled: a constant "
+                       "sequence has no transformer form. Use Full, or compute it from "
+                       "tokens/indices.")
+    elif isinstance(e, (rasp.TokensType, rasp.IndicesType, rasp.Full)):
+      out = e
+    elif isinstance(e, rasp.Map):
+      inner = e.inner
+      if fusable(inner) and isinstance(inner, rasp.Map):
+        f, g = e.f, inner.f  # None propagates as in the interpreter: f never sees None
+        out = keep_annotations(rasp.Map(lambda x: _then(f, g(x)), go(inner.inner), simplify=False), e)
+      elif fusable(inner) and isinstance(inner, rasp.SequenceMap):
+        f, g = e.f, inner.f
+        out = keep_annotations(rasp.SequenceMap(lambda x, y: _then(f, g(x, y)), go(inner.fst),
+                                                go(inner.snd)), e)
+      else:
+        new_inner = go(inner)
+        out = e if new_inner is inner else keep_annotations(
+            rasp.Map(e.f, new_inner, simplify=False), e)
+    elif isinstance(e, rasp.LinearSequenceMap):
+      a, b = go(e.fst), go(e.snd)
+      out = e if (a is e.fst and b is e.snd) else keep_annotations(
+          rasp.LinearSequenceMap(a, b, e.fst_fac, e.snd_fac), e)
+    elif isinstance(e, rasp.SequenceMap):
+      a, b = go(e.fst), go(e.snd)
+      out = e if (a is e.fst and b is e.snd) else keep_annotations(
+          rasp.SequenceMap(e.f, a, b), e)
+    elif isinstance(e, rasp.SelectorWidth):
+      out = keep_annotations(rasp.SelectorWidth(go_selector(e.selector)), e)
+    elif isinstance(e, rasp.Aggregate):
+      out = keep_annotations(rasp.Aggregate(go_selector(e.selector), go(e.sop), e.default), e)
+    else:
+      raise ValueError(f"cannot compile {type(e).__name__} '{e.label}'.")
+    memo[e.unique_id] = out
+    return out
+
+  def annotate_like(node, e):
+    new = node.copy()
+    new._annotations.update(e._annotations)
+    return new
+
+  out = go(program)
+  if out is not program:
+    out._annotations.setdefault("name", program.label)
+  return out
+
+
+# ----------------------------------------------------------------------------- kinds
+
+
+def kind(e: rasp.RASPExpr) -> str:
+  """'input' (embedded), 'mlp', 'attn' (Aggregate), 'width' (SelectorWidth), 'selector'."""
+  if isinstance(e, (rasp.TokensType, rasp.IndicesType, rasp.Full)):
+    return "input"
+  if isinstance(e, (rasp.Map, rasp.SequenceMap)):
+    return "mlp"
+  if isinstance(e, rasp.Aggregate):
+    return "attn"
+  if isinstance(e, rasp.SelectorWidth):
+    return "width"
+  if isinstance(e, rasp.Selector):
+    return "selector"
+  raise ValueError(f"cannot compile {type(e).__name__} '{e.label}'.")
+
+
+def selects_of(sel: rasp.Selector) -> List[rasp.Select]:
+  conj = _flatten_and(sel)
+  if conj is None:  # rewrite() guarantees conjunctions
+    raise ValueError(f"selector '{sel.label}' is not a conjunction of Selects after rewriting.")
+  return conj
+
+
+def sop_inputs(e: rasp.RASPExpr) -> List[rasp.SOp]:
+  """The SOps an op reads (through its selector for attention ops)."""
+  if isinstance(e, (rasp.Aggregate, rasp.SelectorWidth)):
+    out = []
+    for s in selects_of(e.selector):
+      out += [s.keys, s.queries]
+    if isinstance(e, rasp.Aggregate):
+      out.append(e.sop)
+    return out
+  return list(e.children)
+
+
+def check_types(nodes: Sequence[rasp.RASPExpr], output: Optional[rasp.SOp] = None) -> None:
+  """Encodings the compiler cannot honour exactly → ``ValueError`` naming the node."""
+  read = {c.unique_id for n in nodes for c in n.children}
+  read |= {s.unique_id for n in nodes if kind(n) in ("attn", "width") for s in sop_inputs(n)}
+  for e in nodes:
+    if isinstance(e, rasp.Aggregate):
+      if rasp.is_categorical(e) and rasp.is_numerical(e.sop):
+        raise ValueError(
+            f"categorical Aggregate '{e.label}' averages the numerical SOp '{e.sop.label}': "
+            "numerical where categorical is needed. Make the aggregate numerical "
+            "(rasp.numerical) or the value categorical.")
+      if rasp.is_numerical(e) and e.default is None and e.unique_id in read and e is not output:
+        raise ValueError(
+            f"numerical Aggregate '{e.label}' has default None and is read by another op: the "
+            "interpreter passes None on (a Map of None is None) but a numerical dimension holds "
+            "0. Give it a numerical default, e.g. default=0 (tracr requires one too).")
+      if rasp.is_numerical(e) and e.default is not None and not is_number(e.default):
+        raise ValueError(f"numerical Aggregate '{e.label}' has the non-numerical default "
+                         f"{e.default!r}.")
+    if isinstance(e, rasp.Full) and rasp.is_numerical(e) and not is_number(e.fill):
+      raise ValueError(f"numerical Full '{e.label}' has a non-numerical fill {e.fill!r}.")
+
+
+# ----------------------------------------------------------------------------- value sets
+
+
+class ValueSets:
+  """Value sets, computed on demand and memoised: ``vs[node]`` is a sorted list.
+
+  tokens: the vocab; indices: ``0..N−1``; Full: ``{fill}``; Map / SequenceMap: the image of
+  the input sets (``f`` is called on every value / pair, once); SelectorWidth: ``0..N``;
+  categorical Aggregate: its value's set (plus the default); numerical Aggregate: every
+  mean of 1..N values of its input's set (a sum-set recursion on numpy arrays), plus the
+  default (0 for None). A declared ``value_set`` annotation is checked, not trusted."""
+
+  def __init__(self, vocab: Sequence[Any], max_seq_len: int):
+    self.vocab = list(vocab)
+    self.N = max_seq_len
+    self.memo: Dict[int, list] = {}
+
+  def __getitem__(self, e: rasp.SOp) -> list:
+    if e.unique_id not in self.memo:
+      vs = self._infer(e)
+      declared = e._annotations.get("value_set")
+      if declared is not None:
+        extra = [v for v in vs if v not in declared]
+        if extra:
+          raise ValueError(
+              f"'{e.label}' takes values {sort_values(extra)[:8]} outside its declared "
+              f"value_set {sort_values(declared)[:8]}: its function leaves the value set.")
+      if rasp.is_numerical(e):
+        bad = [v for v in vs if not is_number(v)]
+        if bad:
+          raise ValueError(f"numerical SOp '{e.label}' takes non-numerical values {bad[:5]}; "
+                           "numerical SOps must be numbers (or bools).")
+      self.memo[e.unique_id] = vs
+    return self.memo[e.unique_id]
+
+  def numbers(self, e: rasp.SOp) -> np.ndarray:
+    """A numerical SOp's value set as sorted float64 (None counts as 0)."""
+    vals = [0.0 if v is None else float(v) for v in self[e]]
+    return np.unique(np.asarray(vals, np.float64))
+
+  def _apply(self, e, f, *args):
+    try:
+      return f(*args)
+    except Exception as exc:  # a user's function failing on a value in the inferred set
+      raise ValueError(f"the function of '{e.label}' raised {type(exc).__name__}: {exc} on "
+                       f"input {args!r} from the inferred value set.") from exc
+
+  def _infer(self, e: rasp.SOp) -> list:
+    if isinstance(e, rasp.TokensType):
+      return unique_values(self.vocab, "vocab")
+    if isinstance(e, rasp.IndicesType):
+      return list(range(self.N))
+    if isinstance(e, rasp.Full):
+      return [e.fill]
+    if isinstance(e, rasp.Map):
+      return unique_values([self._apply(e, e.f, x) for x in self[e.inner] if x is not None], e.label)
+    if isinstance(e, rasp.SequenceMap):
+      a, b = self[e.fst], self[e.snd]
+      if len(a) * len(b) > MAX_VALUE_SET:
+        raise ValueError(f"SequenceMap '{e.label}' has {len(a)}×{len(b)} input pairs, more "
+                         f"than {MAX_VALUE_SET}; declare smaller value sets.")
+      return unique_values([self._apply(e, e.f, x, y) for x in a for y in b
+                            if x is not None and y is not None], e.label)
+    if isinstance(e, rasp.SelectorWidth):
+      return list(range(self.N + 1))
+    if isinstance(e, rasp.Aggregate):
+      if rasp.is_categorical(e):
+        return unique_values(list(self[e.sop]) + ([] if e.default is None else [e.default]), e.label)
+      return [float(v) for v in self._means(e)]
+    raise ValueError(f"no value set for {type(e).__name__} '{e.label}'.")
+
+  def _means(self, e: rasp.Aggregate) -> np.ndarray:
+    """Every mean of 1..N values of the input's set, plus the default. Integer inputs: exact
+    integer sum-sets, each mean ``s / w`` rounded once (what Python's ``sum(ints) / len``
+    gives). Other inputs: exact rationals (``fractions.Fraction``) rounded once; the
+    interpreter's sequential float sums can differ from these by an ulp."""
+    raw = [v for v in self[e.sop] if v is not None]
+    bad = [v for v in raw if not is_number(v)]
+    if bad:
+      raise ValueError(f"numerical Aggregate '{e.label}' averages non-numerical values {bad[:5]} "
+                       f"of '{e.sop.label}'.")
+    base = np.unique(np.asarray([float(v) for v in raw], np.float64))
+    default = 0.0 if e.default is None else float(e.default)
+    out = [np.asarray([default])]
+    if base.size and np.all(base == np.round(base)) and np.max(np.abs(base)) < 2 ** 40:
+      sums = np.zeros(1)
+      for w in range(1, self.N + 1):
+        sums = np.unique((sums[:, None] + base[None, :]).ravel())
+        self._cap(e, sums.size * (self.N - w + 1))
+        out.append(sums / w)
+      return np.unique(np.concatenate(out))
+    fb = {fractions.Fraction(float(v)) for v in base}
+    sums = {fractions.Fraction(0)}
+    for w in range(1, self.N + 1):
+      sums = {s_ + v for s_ in sums for v in fb}
+      self._cap(e, len(sums) * (self.N - w + 1))
+      out.append(np.asarray([float(s_ / w) for s_ in sums]))
+    return np.unique(np.concatenate(out))
+
+  def _cap(self, e, size):
+    if size > MAX_VALUE_SET:
+      raise ValueError(f"numerical Aggregate '{e.label}' can take more than {MAX_VALUE_SET} "
+                       "values, too many to discretise downstream; use fewer input values "
+                       "or a smaller max_seq_len.")
+
+
+def check_none_keys(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets") -> None:
+  """A compiled selector compares one-hots, and a ``None`` key or query is the zero vector,
+  so it matches nothing; the interpreter instead calls the predicate on ``None`` (tracr's
+  Comparisons raise there). A SOp that may be ``None`` (a categorical Aggregate with
+  default None, a Map returning None, or anything computed from one) as the key or query
+  of a predicate that is not a :class:`~jaxmem.rasp.rasp.Comparison` is refused."""
+  maybe: Dict[int, bool] = {}
+  for e in nodes:
+    if not isinstance(e, rasp.SOp) or rasp.is_numerical(e):
+      maybe[e.unique_id] = False
+      continue
+    if isinstance(e, rasp.Aggregate):
+      maybe[e.unique_id] = e.default is None or maybe.get(e.sop.unique_id, False)
+    elif isinstance(e, (rasp.Map, rasp.SequenceMap)):
+      maybe[e.unique_id] = any(maybe.get(c.unique_id, False) for c in e.children) or \
+          any(v is None for v in vs[e])
+    else:
+      maybe[e.unique_id] = False
+  for e in nodes:
+    if isinstance(e, rasp.Select) and not isinstance(e.predicate, rasp.Comparison):
+      for role, sop in (("key", e.keys), ("query", e.queries)):
+        if maybe.get(sop.unique_id, False):
+          raise ValueError(
+              f"the {role} '{sop.label}' of Select '{e.label}' may be None, where the "
+              "interpreter calls the predicate on None but a compiled head matches nothing; "
+              "give its Aggregate a default, or use a rasp.Comparison predicate.")
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+@dataclasses.dataclass
+class Schedule:
+  """Sublayer of every op: attention sublayers are even (2ℓ), MLP sublayers odd (2ℓ+1)."""
+  slot: Dict[int, int]          # unique_id -> sublayer where the op's output appears
+  attn_slot: Dict[int, int]     # for 'width' ops, the attention half's sublayer
+  num_layers: int
+
+
+def allocate(nodes: Sequence[rasp.RASPExpr]) -> Schedule:
+  """Longest-path layer allocation: each op in the first sublayer of its kind after all
+  of its inputs exist."""
+  slot: Dict[int, int] = {}
+  attn_slot: Dict[int, int] = {}
+  for e in nodes:
+    k = kind(e)
+    if k == "selector":
+      continue
+    if k == "input":
+      slot[e.unique_id] = -1
+      continue
+    ready = max((slot[s.unique_id] for s in sop_inputs(e)), default=-1)
+    if k == "mlp":
+      s = ready + 1
+      slot[e.unique_id] = s if s % 2 == 1 else s + 1
+    else:
+      s = ready + 1
+      s = s if s % 2 == 0 else s + 1
+      if k == "attn":
+        slot[e.unique_id] = s
+      else:
+        attn_slot[e.unique_id] = s
+        slot[e.unique_id] = s + 1
+  top = max(slot.values(), default=-1)
+  return Schedule(slot, attn_slot, num_layers=(top + 2) // 2 if top >= 0 else 0)
+
+
+__all__ = ["MAX_VALUE_SET", "Schedule", "ValueSets", "allocate", "check_none_keys", "check_types", "consumers",
+           "is_number", "kind", "rewrite", "selects_of", "sop_inputs", "sort_values", "walk"]

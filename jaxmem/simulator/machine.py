@@ -1,0 +1,339 @@
+"""The residual-stream machine that the simulator and the exact constructions are written in.
+
+A :class:`Program` is what the paper calls a transformer built from AHAT encoder layers
+(Dutta, Chakrabarty, Ansari & Das, "On the Existence of Universal Simulators of Attention",
+arXiv:2506.18739 v2, §3 and the RASP model it compiles from): a residual stream of named
+*slots* (:class:`Layout`) and a list of layers of exactly two kinds.
+
+* :class:`AHATLayer` — average hard attention with **fixed** weight matrices
+  ``W_Q, W_K [width, H·d_k]``, ``W_V [width, H·d_v]``, ``W_O [H·d_v, width]`` applied to the
+  residual stream: ``x ← x + concat_h(AHAT_h(x W_Q, x W_K, x W_V)) W_O``. The attention is a
+  call to :func:`jaxmem.kernels.ahat.ahat_attention` — nothing else. The weights are numpy
+  arrays built once from sizes (never from data) and are stored in :attr:`Program.weights`.
+  Which slots a layer reads and writes is derived from the non-zero rows of ``W_Q, W_K, W_V``
+  and the non-zero columns of ``W_O``, so the description cannot drift from the weights.
+* :class:`PositionwiseLayer` — a named function applied to each position's residual vector
+  alone (``jax.vmap`` over positions: it cannot see another position), the RASP ``map`` /
+  ``zipmap`` of numerical sequences: products of residual coordinates, ``exp``, reciprocal,
+  ReLU, sums. Its output is added to the slots it declares; it may read only the slots it
+  declares (reading another raises).
+
+Every slot is written by at most one layer and input slots by none, so "adding to the
+residual" is the same as "writing a fresh slot" and each slot has one meaning
+(:meth:`Layout.table` documents them). Arithmetic is float32 with ``precision="highest"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmem.kernels.ahat import ahat_attention
+
+__all__ = [
+    "AHATLayer", "AttentionWeights", "Layout", "LayerInfo", "PositionwiseLayer", "Program", "SlotInfo",
+]
+
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+class SlotInfo(NamedTuple):
+  name: str
+  start: int
+  size: int
+  is_input: bool
+  doc: str
+
+
+class Layout:
+  """Named slots of the residual stream, ``name -> [start, start + size)``, in creation order."""
+
+  def __init__(self):
+    self._slots: dict[str, SlotInfo] = {}
+    self.width = 0
+
+  def add(self, name: str, size: int, doc: str, *, is_input: bool = False) -> None:
+    if name in self._slots:
+      raise ValueError(f"slot {name!r} defined twice")
+    if size <= 0:
+      raise ValueError(f"slot {name!r} must have a positive size, got {size}")
+    self._slots[name] = SlotInfo(name, self.width, int(size), is_input, doc)
+    self.width += int(size)
+
+  def __contains__(self, name: str) -> bool:
+    return name in self._slots
+
+  def __getitem__(self, name: str) -> SlotInfo:
+    return self._slots[name]
+
+  def slice(self, name: str) -> slice:
+    s = self._slots[name]
+    return slice(s.start, s.start + s.size)
+
+  @property
+  def slots(self) -> tuple[SlotInfo, ...]:
+    return tuple(self._slots.values())
+
+  @property
+  def input_width(self) -> int:
+    """Width of the leading run of input slots (all input slots come first)."""
+    return sum(s.size for s in self.slots if s.is_input)
+
+  def slot_of(self, coord: int) -> str:
+    for s in self.slots:
+      if s.start <= coord < s.start + s.size:
+        return s.name
+    raise IndexError(coord)
+
+  def table(self) -> str:
+    lines = ["| slot | coordinates | size | input | meaning |", "|---|---|---|---|---|"]
+    for s in self.slots:
+      lines.append(f"| `{s.name}` | {s.start}..{s.start + s.size - 1} | {s.size} | "
+                   f"{'yes' if s.is_input else ''} | {s.doc} |")
+    return "\n".join(lines)
+
+  def __repr__(self) -> str:
+    return f"Layout(width={self.width}, slots={[s.name for s in self.slots]})"
+
+
+class LayerInfo(NamedTuple):
+  """What one layer of a :class:`Program` is: ``kind`` is ``"ahat"`` (attention with fixed
+  weights, ``num_heads`` heads of key width ``key_dim`` and value width ``value_dim``) or
+  ``"positionwise"`` (``num_heads == 0``)."""
+  name: str
+  kind: str
+  num_heads: int
+  key_dim: int
+  value_dim: int
+  reads: tuple[str, ...]
+  writes: tuple[str, ...]
+  computes: str
+
+
+@dataclasses.dataclass(frozen=True)
+class AHATLayer:
+  name: str
+  num_heads: int
+  key_dim: int
+  value_dim: int
+  computes: str
+  tol: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PositionwiseLayer:
+  """``fn(view) -> {slot: array}``; ``view[name]`` is that slot of ONE position's residual."""
+  name: str
+  fn: Callable[["_SlotView"], Mapping[str, jax.Array]]
+  reads: tuple[str, ...]
+  writes: tuple[str, ...]
+  computes: str
+
+
+class AttentionWeights:
+  """Builder of one AHAT layer's fixed matrices, addressed by slot names and head numbers.
+
+  Head ``h`` owns columns ``[h·d_k, (h+1)·d_k)`` of ``W_Q`` and ``W_K`` and columns
+  ``[h·d_v, (h+1)·d_v)`` of ``W_V`` (rows of ``W_O``)."""
+
+  def __init__(self, layout: Layout, num_heads: int, key_dim: int, value_dim: int):
+    self.layout, self.H, self.dk, self.dv = layout, num_heads, key_dim, value_dim
+    W = layout.width
+    self.wq = np.zeros((W, num_heads * key_dim), np.float32)
+    self.wk = np.zeros((W, num_heads * key_dim), np.float32)
+    self.wv = np.zeros((W, num_heads * value_dim), np.float32)
+    self.wo = np.zeros((num_heads * value_dim, W), np.float32)
+
+  def _block(self, mat, slot, head, width, start, matrix, slot_start, into_slot):
+    m = np.atleast_2d(np.asarray(matrix, np.float32))
+    s = self.layout[slot]
+    if not 0 <= head < self.H:
+      raise IndexError(f"head {head} of {self.H}")
+    head_n, slot_n = (m.shape[0], m.shape[1]) if into_slot else (m.shape[1], m.shape[0])
+    if start + head_n > width or slot_start + slot_n > s.size:
+      raise ValueError(f"block {m.shape} does not fit slot {slot!r} (size {s.size}) / head width {width}")
+    h0, s0 = head * width + start, s.start + slot_start
+    if into_slot:  # W_O: head coordinates (rows) -> slot coordinates (columns)
+      mat[h0:h0 + head_n, s0:s0 + slot_n] += m
+    else:          # W_Q / W_K / W_V: slot coordinates (rows) -> head coordinates (columns)
+      mat[s0:s0 + slot_n, h0:h0 + head_n] += m
+
+  def query(self, head: int, slot: str, matrix, key_start: int = 0, slot_start: int = 0) -> None:
+    """``q_head[key_start:] += x[slot][slot_start:] @ matrix``."""
+    self._block(self.wq, slot, head, self.dk, key_start, matrix, slot_start, False)
+
+  def key(self, head: int, slot: str, matrix, key_start: int = 0, slot_start: int = 0) -> None:
+    """``k_head[key_start:] += x[slot][slot_start:] @ matrix``."""
+    self._block(self.wk, slot, head, self.dk, key_start, matrix, slot_start, False)
+
+  def value(self, head: int, slot: str, matrix, value_start: int = 0, slot_start: int = 0) -> None:
+    """``v_head[value_start:] += x[slot][slot_start:] @ matrix``."""
+    self._block(self.wv, slot, head, self.dv, value_start, matrix, slot_start, False)
+
+  def output(self, head: int, slot: str, matrix, value_start: int = 0, slot_start: int = 0) -> None:
+    """``x[slot][slot_start:] += out_head[value_start:] @ matrix``."""
+    self._block(self.wo, slot, head, self.dv, value_start, matrix, slot_start, True)
+
+  def arrays(self) -> dict[str, np.ndarray]:
+    return {"wq": self.wq, "wk": self.wk, "wv": self.wv, "wo": self.wo}
+
+
+class _SlotView:
+  """One position's residual vector, readable by slot name (only the declared slots)."""
+
+  def __init__(self, layout: Layout, row: jax.Array, allowed: Sequence[str], layer: str):
+    self._layout, self._row, self._allowed, self._layer = layout, row, set(allowed), layer
+
+  def __getitem__(self, name: str) -> jax.Array:
+    if name not in self._allowed:
+      raise KeyError(f"position-wise layer {self._layer!r} reads slot {name!r} it did not declare")
+    return self._row[self._layout.slice(name)]
+
+
+def _slots_touched(layout: Layout, nonzero_coords: np.ndarray) -> tuple[str, ...]:
+  names = []
+  for s in layout.slots:
+    if np.any(nonzero_coords[s.start:s.start + s.size]):
+      names.append(s.name)
+  return tuple(names)
+
+
+class Program:
+  """A residual stream ``layout`` and its ``layers``; ``weights[name]`` holds each AHAT
+  layer's fixed ``wq, wk, wv, wo``. :meth:`run` maps ``[B, P, width]`` → ``[B, P, width]``
+  (or ``[P, width]`` → ``[P, width]``)."""
+
+  def __init__(self, layout: Layout, layers: Sequence, weights: Mapping[str, AttentionWeights]):
+    self.layout = layout
+    self.layers = tuple(layers)
+    self.weights = {}
+    infos, written = [], {s.name for s in layout.slots if s.is_input}
+    seen_out: set[str] = set()
+    for layer in self.layers:
+      if isinstance(layer, AHATLayer):
+        w = weights[layer.name]
+        if (w.H, w.dk, w.dv) != (layer.num_heads, layer.key_dim, layer.value_dim):
+          raise ValueError(f"weights of {layer.name!r} do not match its head sizes")
+        arrs = w.arrays()
+        reads = _slots_touched(layout, np.any(arrs["wq"] != 0, 1) | np.any(arrs["wk"] != 0, 1)
+                               | np.any(arrs["wv"] != 0, 1))
+        writes = _slots_touched(layout, np.any(arrs["wo"] != 0, 0))
+        self.weights[layer.name] = {k: jnp.asarray(v) for k, v in arrs.items()}
+        infos.append(LayerInfo(layer.name, "ahat", layer.num_heads, layer.key_dim, layer.value_dim,
+                               reads, writes, layer.computes))
+      elif isinstance(layer, PositionwiseLayer):
+        reads, writes = tuple(layer.reads), tuple(layer.writes)
+        infos.append(LayerInfo(layer.name, "positionwise", 0, 0, 0, reads, writes, layer.computes))
+      else:
+        raise TypeError(f"not a layer: {layer!r}")
+      missing = [r for r in reads if r not in written]
+      if missing:
+        raise ValueError(f"layer {layer.name!r} reads {missing} before any layer writes them")
+      clash = [s for s in writes if s in written or s in seen_out]
+      if clash:
+        raise ValueError(f"layer {layer.name!r} writes {clash}, already input or written")
+      seen_out.update(writes)
+      written.update(writes)
+    self.infos = tuple(infos)
+    self._forward = jax.jit(self._forward_impl)
+
+  # -- sizes ---------------------------------------------------------------------------------
+  @property
+  def num_heads(self) -> int:
+    return sum(i.num_heads for i in self.infos)
+
+  @property
+  def num_params(self) -> int:
+    """Entries of all fixed weight matrices (position-wise maps have none)."""
+    return sum(int(a.size) for w in self.weights.values() for a in w.values())
+
+  @property
+  def num_nonzero(self) -> int:
+    return sum(int(np.count_nonzero(np.asarray(a))) for w in self.weights.values() for a in w.values())
+
+  # -- running -------------------------------------------------------------------------------
+  def encode(self, length: int, inputs: Mapping[str, np.ndarray], batch: Optional[int] = None) -> jax.Array:
+    """Residual stream ``[B, P, width]`` (or ``[P, width]`` when ``batch is None``) with the
+    given input slots filled (``inputs[name]`` of shape ``[B, P, size]`` / ``[P, size]``) and
+    every other slot zero. Built on the host (numpy) unless an input is being traced."""
+    shape = (length, self.layout.width) if batch is None else (batch, length, self.layout.width)
+    for name in inputs:
+      if not self.layout[name].is_input:
+        raise ValueError(f"slot {name!r} is not an input slot")
+    traced = any(isinstance(v, jax.core.Tracer) for v in inputs.values())
+    xp = jnp if traced else np
+    parts = []
+    for s in self.layout.slots:
+      if s.name in inputs:
+        parts.append(xp.reshape(xp.asarray(inputs[s.name], xp.float32), shape[:-1] + (s.size,)))
+      else:
+        parts.append(xp.zeros(shape[:-1] + (s.size,), xp.float32))
+    return jnp.asarray(xp.concatenate(parts, axis=-1))
+
+  def read(self, seq: jax.Array, name: str) -> jax.Array:
+    return seq[..., self.layout.slice(name)]
+
+  def run(self, seq: jax.Array, mask=None, weights: Optional[Mapping] = None) -> jax.Array:
+    """Runs every layer on ``seq [B, P, width]`` (or ``[P, width]``). ``mask [B, P]`` (or
+    ``[P]``; True = a real position) pads: padded positions are invisible to every AHAT head
+    (the kernel's ``mask_BS``) and are reset to zero after each layer, so the real positions'
+    result is that of the unpadded sequence."""
+    seq = jnp.asarray(seq, jnp.float32)
+    w = self.weights if weights is None else weights
+    single = seq.ndim == 2
+    if single:
+      seq = seq[None]
+      mask = None if mask is None else jnp.asarray(mask)[None]
+    out = self._forward(w, seq, None if mask is None else jnp.asarray(mask, bool))
+    return out[0] if single else out
+
+  def _forward_impl(self, weights, x, mask=None):
+    keep = None if mask is None else mask[..., None]
+    for layer in self.layers:
+      if isinstance(layer, AHATLayer):
+        x = x + self._ahat(layer, weights[layer.name], x, mask)
+      else:
+        x = x + self._positionwise(layer, x)
+      if keep is not None:
+        x = jnp.where(keep, x, 0.0)
+    return x
+
+  def _ahat(self, layer: AHATLayer, w, x, mask=None):
+    B, P, _ = x.shape
+    H, dk, dv = layer.num_heads, layer.key_dim, layer.value_dim
+    q = jnp.einsum("bpw,wk->bpk", x, w["wq"], precision=HIGHEST).reshape(B, P, H, dk)
+    k = jnp.einsum("bpw,wk->bpk", x, w["wk"], precision=HIGHEST).reshape(B, P, H, dk)
+    v = jnp.einsum("bpw,wk->bpk", x, w["wv"], precision=HIGHEST).reshape(B, P, H, dv)
+    o = ahat_attention(q, k, v, mask_BS=mask, tol=layer.tol, precision="highest")        # [B, P, H, dv]
+    return jnp.einsum("bpk,kw->bpw", o.reshape(B, P, H * dv), w["wo"], precision=HIGHEST)
+
+  def _positionwise(self, layer: PositionwiseLayer, x):
+    layout = self.layout
+
+    def one(row):  # one position's residual [width] -> its update [width]
+      out = layer.fn(_SlotView(layout, row, layer.reads, layer.name))
+      if set(out) != set(layer.writes):
+        raise ValueError(f"position-wise layer {layer.name!r} wrote {sorted(out)}, declared {layer.writes}")
+      delta = jnp.zeros_like(row)
+      for name, val in out.items():
+        s = layout[name]
+        delta = delta.at[s.start:s.start + s.size].set(jnp.asarray(val, row.dtype).reshape(s.size))
+      return delta
+
+    return jax.vmap(jax.vmap(one))(x)
+
+  def describe(self) -> str:
+    lines = ["| # | layer | kind | heads | d_k | d_v | reads | writes | computes |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for n, i in enumerate(self.infos, 1):
+      kind = "AHAT (fixed weights)" if i.kind == "ahat" else "position-wise"
+      heads = str(i.num_heads) if i.kind == "ahat" else "–"
+      dk = str(i.key_dim) if i.kind == "ahat" else "–"
+      dv = str(i.value_dim) if i.kind == "ahat" else "–"
+      lines.append(f"| {n} | `{i.name}` | {kind} | {heads} | {dk} | {dv} | {', '.join(i.reads)} | "
+                   f"{', '.join(i.writes)} | {i.computes} |")
+    return "\n".join(lines)

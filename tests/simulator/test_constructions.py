@@ -1,0 +1,122 @@
+"""The paper's exact building blocks (transpose, matmul, softmax, ReLU, MaxMin, det3, inv3) as AHAT
+programs, against jnp on odd shapes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxmem.simulator import constructions as C
+
+SHAPES = [(3, 5), (5, 2), (1, 1)]
+
+
+def rand(shape, seed=0, scale=1.0):
+  return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def kinds(prog):
+  return [(i.kind, i.num_heads) for i in prog.infos]
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(3, 3)])
+def test_transpose(shape):
+  A = rand(shape)
+  np.testing.assert_array_equal(C.transpose(A), jnp.transpose(A))  # a copy: bit-exact
+  assert kinds(C.transpose_program(*shape)) == [("ahat", 1)]
+
+
+@pytest.mark.parametrize("r,m,c", [(3, 5, 2), (5, 2, 3), (1, 4, 1), (2, 1, 6)])
+def test_matmul(r, m, c):
+  A, B = rand((r, m), 1), rand((m, c), 2)
+  ref = jnp.matmul(A, B, precision="highest")
+  np.testing.assert_allclose(C.matmul(A, B), ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
+  assert kinds(C.matmul_program(r, m, c)) == [("ahat", 2 * m), ("positionwise", 0)]
+
+
+def test_matmul_integers_exact():
+  A = np.arange(-6, 9, dtype=np.float32).reshape(3, 5)
+  B = np.arange(10, dtype=np.float32).reshape(5, 2) - 4
+  np.testing.assert_array_equal(C.matmul(A, B), A @ B)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("scale", [1.0, 100.0])
+def test_softmax(shape, scale):
+  A = rand(shape, 3, scale)
+  ref = jax.nn.softmax(A, axis=-1)
+  got = C.softmax(A)
+  assert np.all(np.isfinite(np.asarray(got)))
+  np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-7)
+  r = shape[0]
+  assert kinds(C.softmax_program(*shape)) == [("ahat", 1), ("positionwise", 0), ("ahat", r),
+                                              ("positionwise", 0), ("positionwise", 0), ("ahat", 1),
+                                              ("positionwise", 0)]
+
+
+def test_softmax_vector():
+  a = rand(6, 4)
+  np.testing.assert_allclose(C.softmax(a), jax.nn.softmax(a), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_maxmin(shape):
+  A = rand(shape, 5)
+  mx, mn = C.maxmin(A)
+  np.testing.assert_array_equal(mx, A.max(axis=1))
+  np.testing.assert_array_equal(mn, A.min(axis=1))
+  r = shape[0]
+  assert kinds(C.maxmin_program(*shape)) == [("ahat", 2), ("positionwise", 0), ("ahat", 2 * r),
+                                             ("positionwise", 0)]
+
+
+def test_maxmin_ties_and_rows_at_the_global_extremes():
+  # row 1 is all the global min, row 2's max equals the global min of another row: the
+  # default keys outside a row tie with it and must still give the row's own extreme
+  A = np.array([[3, -2, 3, 0], [-5, -5, -5, -5], [-5, -7, -9, -5], [9, 9, 9, 9]], np.float32)
+  mx, mn = C.maxmin(A)
+  np.testing.assert_array_equal(mx, [3, -5, -5, 9])
+  np.testing.assert_array_equal(mn, [-2, -5, -9, 9])
+  v_max, v_min = C.maxmin(np.array([0.5, -1.5, 2.25], np.float32))
+  assert float(v_max) == 2.25 and float(v_min) == -1.5
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 3, 4)])
+def test_relu(shape):
+  A = rand(shape, 6)
+  np.testing.assert_array_equal(C.relu(A), jax.nn.relu(A))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_det3_inv3(seed):
+  A = rand((3, 3), 10 + seed)
+  np.testing.assert_allclose(C.det3(A), jnp.linalg.det(A), rtol=1e-5)
+  ref = jnp.linalg.inv(A)
+  np.testing.assert_allclose(C.inv3(A), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+  assert kinds(C.det_inv3_program()) == [("ahat", 4), ("positionwise", 0), ("ahat", 2), ("positionwise", 0)]
+
+
+def test_det3_inv3_integer_matrix():
+  A = np.array([[2, 3, 1], [1, 2, 1], [1, 1, 1]], np.float32)  # det 1: integer inverse
+  assert float(C.det3(A)) == 1.0
+  np.testing.assert_allclose(C.inv3(A), np.linalg.inv(A.astype(np.float64)), atol=1e-6)
+  assert float(C.det3(np.array([[1, 2, 3], [4, 5, 6], [7, 8, 9]], np.float32))) == 0.0
+
+
+def test_bad_inputs():
+  with pytest.raises(ValueError, match="`A` must have rank 2"):
+    C.transpose(np.zeros(3))
+  with pytest.raises(ValueError, match="chain"):
+    C.matmul(np.zeros((2, 3)), np.zeros((4, 2)))
+  with pytest.raises(ValueError, match="`B` must have rank 2"):
+    C.matmul(np.zeros((2, 3)), np.zeros(3))
+  with pytest.raises(ValueError, match="3x3"):
+    C.det3(np.zeros((4, 4)))
+  with pytest.raises(ValueError, match="3x3"):
+    C.inv3(np.zeros((3, 2)))
+  with pytest.raises(ValueError, match="`A` holds non-finite"):
+    C.softmax(np.array([[1.0, np.nan]]))
+  with pytest.raises(ValueError, match="`A` holds non-finite"):
+    C.maxmin(np.array([1.0, np.inf]))
+  with pytest.raises(ValueError, match="`A` must not be empty"):
+    C.relu(np.zeros((2, 0)))
