@@ -48,7 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from jaxmem.rasp import rasp
-from jaxmem.rasp.passes import Schedule, ValueSets, kind, selects_of, sort_values
+from jaxmem.rasp.passes import Schedule, ValueSets, kind, selects_of, sort_values, value_key
 
 TIE_TOL = 0.25
 STEP_SLOPE = 4.0       # L·gap: the step is saturated at ±2 at the neighbouring values
@@ -69,15 +69,8 @@ class Space:
 
   def position(self, value: Any) -> Optional[int]:
     if not hasattr(self, "_index"):
-      self._index = {}
-      for i, v in enumerate(self.values):
-        self._index.setdefault(_hashable(v), i)
-    i = self._index.get(_hashable(value))
-    if i is None:  # 1 == 1.0 == True across types
-      for j, v in enumerate(self.values):
-        if not isinstance(v, str) and not isinstance(value, str) and v == value:
-          return j
-    return i
+      self._index = {value_key(v): i for i, v in enumerate(self.values)}
+    return self._index.get(value_key(value))
 
 
 class Residual:
@@ -278,28 +271,20 @@ def _operand_indicators(lane: Lane, op: _Operand, keys: List[Any]):
     classes: Dict[Any, List[int]] = {}
     order = []
     for i, k in enumerate(keys):
-      kk = _hashable(k)
+      kk = value_key(k)
       if kk not in classes:
         classes[kk] = []
         order.append(kk)
       classes[kk].append(i)
     cls = [classes[k] for k in order]
     return 0, _indicators_categorical(op.space, cls), [c[0] for c in cls]
-  cuts, runs = _runs([_hashable(k) for k in keys])
+  cuts, runs = _runs([value_key(k) for k in keys])
   if not cuts:
     l1 = lane.add_layer()
     l1.append(Unit({}, bias=1.0, bos=-2.0))
     return 1, [{0: 1.0}], [0]
   alive, steps = _step_layers(lane, op.space.dims[0], op.u, cuts, op.e.label)
   return 2, _segments(len(op.u), cuts, alive, steps), [r[0] for r in runs]
-
-
-def _hashable(v):
-  try:
-    hash(v)
-    return (type(v).__name__ if isinstance(v, str) else "", v)
-  except TypeError:
-    return ("repr", repr(v))
 
 
 def _call(e, f, *args):
@@ -356,8 +341,8 @@ def sequence_map_lane(e: rasp.SequenceMap, vs: ValueSets, res: Residual) -> Lane
   a, b = _Operand(e.fst, vs, res), _Operand(e.snd, vs, res)
   table = [[None if (x is None or y is None) else _call(e, e.f, x, y) for y in b.values]
            for x in a.values]
-  rows = [tuple(_hashable(t) for t in r) for r in table]
-  cols = [tuple(_hashable(table[i][j]) for i in range(len(a.values))) for j in range(len(b.values))]
+  rows = [tuple(value_key(t) for t in r) for r in table]
+  cols = [tuple(value_key(table[i][j]) for i in range(len(a.values))) for j in range(len(b.values))]
   # Operand a's lane layers first, then b's are built in a separate lane and merged.
   lane_b = Lane(e.label)
   da, ia, ra = _operand_indicators(lane, a, rows)

@@ -71,6 +71,7 @@ import numbers
 import random
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from jaxmem._checks import check_positive_int
 from jaxmem.rasp import rasp
 
 __all__ = [
@@ -80,11 +81,6 @@ __all__ = [
     "make_running_sum", "make_shuffle_dyck", "make_shuffle_dyck2", "make_sort",
     "make_sort_freq", "make_sort_unique", "make_transpose", "shift_by",
 ]
-
-
-def _check_positive_int(name: str, v: Any) -> None:
-  if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-    raise ValueError(f"`{name}` must be a positive int, got {v!r}.")
 
 
 def _check_positions(positions: Sequence[int]) -> tuple:
@@ -152,7 +148,7 @@ def make_sort(vals: rasp.SOp, keys: rasp.SOp, *, max_seq_len: int,
   inputs of length ``<= max_seq_len`` whose distinct keys differ by at least ``min_key``
   (tracr's name; for integer keys use 1). ``make_sort(t, t, max_seq_len=5,
   min_key=1)([2, 4, 1, 2]) == [1, 2, 2, 4]``."""
-  _check_positive_int("max_seq_len", max_seq_len)
+  check_positive_int("max_seq_len", max_seq_len)
   if isinstance(min_key, bool) or not isinstance(min_key, numbers.Real) or not min_key > 0:
     raise ValueError(f"`min_key` must be a positive number, got {min_key!r}.")
   spread = min_key / max_seq_len
@@ -355,7 +351,7 @@ def make_match2(M: int) -> rasp.SOp:
   has ``(x[i] + x[j]) % M == 0``, else 0; tokens in ``range(M)``.
 
   ``make_match2(5)([1, 2, 4]) == [1, 0, 1]``."""
-  _check_positive_int("M", M)
+  check_positive_int("M", M)
   partner = rasp.Select(rasp.tokens, rasp.tokens, lambda k, q: (k + q) % M == 0)
   partners = rasp.SelectorWidth(partner.named("match2_selector")).named("match2_partners")
   return rasp.Map(lambda w: 1 if w > 0 else 0, partners).named("match2")
@@ -396,8 +392,8 @@ def make_transpose(rows: int, cols: int) -> rasp.SOp:
   Defined on every length: an output position whose source ``r·cols + c`` is ``>= n``, or
   that is itself ``>= rows·cols``, selects nothing and is ``None``.
   ``make_transpose(2, 3)("abcdef") == list("adbecf")``."""
-  _check_positive_int("rows", rows)
-  _check_positive_int("cols", cols)
+  check_positive_int("rows", rows)
+  check_positive_int("cols", cols)
   size = rows * cols
 
   def source(i):

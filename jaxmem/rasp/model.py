@@ -37,6 +37,7 @@ import numpy as np
 from flax import nnx
 
 from jaxmem.kernels.ahat import ahat_attention
+from jaxmem.rasp.passes import value_key
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -121,7 +122,7 @@ class CompiledModel:
     self.model = AHATTransformer(embed_token, embed_position, layers, float(meta["tie_tol"]))
     self._token_id = {}
     for i, t in enumerate(self.vocab):
-      self._token_id.setdefault(_key(t), i)
+      self._token_id.setdefault(value_key(t), i)
     graphdef, state = nnx.split(self.model)
     self._forward = jax.jit(lambda ids, mask: nnx.merge(graphdef, state)(ids, mask))
 
@@ -177,7 +178,7 @@ class CompiledModel:
                          f"{self.max_seq_len} the model was compiled for.")
       ids[b, 0] = len(self.vocab)
       for i, t in enumerate(xs):
-        j = self._token_id.get(_key(t))
+        j = self._token_id.get(value_key(t))
         if j is None:
           raise ValueError(f"input token {t!r} at position {i} is not in the compiled vocab "
                            f"{self.vocab!r}.")
@@ -187,7 +188,7 @@ class CompiledModel:
 
   def _split_bos(self, xs):
     xs = list(xs)
-    if xs and _key(xs[0]) == _key(self.bos):
+    if xs and value_key(xs[0]) == value_key(self.bos):
       return xs[1:], True
     return xs, False
 
@@ -291,10 +292,6 @@ class CompiledModel:
       path += ".npz"
     np.savez(path, meta=np.asarray(json.dumps(meta)), **arrays)
     return path
-
-
-def _key(v):
-  return (type(v).__name__, v) if isinstance(v, str) else ("", v)
 
 
 def _to_json(v, what: str):

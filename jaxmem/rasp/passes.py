@@ -39,6 +39,17 @@ def sort_values(values) -> list:
   return sorted(values, key=key)
 
 
+def value_key(v: Any):
+  """A dict key for a RASP value: strings apart from numbers (``"1"`` is not ``1``), numbers
+  by value (``1 == 1.0``, which :func:`unique_values` keeps out of one value set), and
+  unhashable values (a function's table entries) by ``repr``."""
+  try:
+    hash(v)
+  except TypeError:
+    return ("repr", repr(v))
+  return ("str", v) if isinstance(v, str) else ("", v)
+
+
 def unique_values(values, label: str) -> list:
   """The distinct values, sorted; values that Python calls equal but of different types
   (``True == 1 == 1.0``) are refused: a one-hot dimension can hold only one of them, and
@@ -488,4 +499,5 @@ def allocate(nodes: Sequence[rasp.RASPExpr]) -> Schedule:
 
 
 __all__ = ["MAX_VALUE_SET", "Schedule", "ValueSets", "allocate", "check_none_keys", "check_types", "consumers",
-           "is_number", "kind", "rewrite", "selects_of", "sop_inputs", "sort_values", "walk"]
+           "is_number", "kind", "rewrite", "selects_of", "sop_inputs", "sort_values", "unique_values",
+           "value_key", "walk"]

@@ -82,14 +82,6 @@ def _programs():
   ]
 
 
-def _numerical(model) -> bool:
-  return model.meta["output"]["encoding"] == "numerical"
-
-
-def _as_number(v):
-  return 0.0 if v is None else float(v)
-
-
 def _mismatches(model, program, inputs):
   got = model.apply_batch(inputs)
   bad = []
