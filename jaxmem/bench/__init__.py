@@ -16,6 +16,7 @@ BENCHES = {
     "assoc": "jaxmem.bench.assoc:bench_assoc",
     "precision": "jaxmem.bench.precision:bench_precision",
     "rasp": "jaxmem.bench.rasp:bench_rasp",
+    "unimatrix": "jaxmem.bench.unimatrix:bench_unimatrix",
 }
 
 

@@ -7,6 +7,13 @@
 * :mod:`~jaxmem.kernels.dnc` — the full DNC memory access (Graves et al. 2016).
 * :mod:`~jaxmem.kernels.assoc` — associative matrix memories (Hebb, delta, Oja, decay,
   gated delta) in recurrent, parallel and chunked forms.
+* :mod:`~jaxmem.kernels.matrix_state` — UniMatrix's gated matrix state (outer / diagonal /
+  symmetric updates, spectral normalisation), recurrent and chunked (on the ``decay`` rule).
+* :mod:`~jaxmem.kernels.slots` — the sparse slot memory (merge / fill / evict, top-K read,
+  pointer logits) as a scan over tokens.
+* :mod:`~jaxmem.kernels.rosa` — RWKV-8's ROSA next-token predictor (longest earlier suffix
+  match), vectorised in JAX and as an online suffix automaton.
+* :mod:`~jaxmem.kernels.topk_memory` — a dense append-only memory read by top-K cosine attention.
 * :mod:`~jaxmem.kernels.segsum` — segment sums of log-decays (decay masks without
   subtracting cumulative sums).
 * :mod:`~jaxmem.kernels.precision` — matmul precision, and its CPU emulation of bf16 / TF32
@@ -18,7 +25,19 @@ Inference has one shape for every memory that has one: ``state = <module>.init(.
 unambiguous names ``dnc_init`` / ``dnc_step`` / ``dnc_scan`` (aliases of the same functions).
 """
 
-from jaxmem.kernels import ahat, assoc, attention, dnc, precision, sdnc, segsum
+from jaxmem.kernels import (
+    ahat,
+    assoc,
+    attention,
+    dnc,
+    matrix_state,
+    precision,
+    rosa,
+    sdnc,
+    segsum,
+    slots,
+    topk_memory,
+)
 from jaxmem.kernels.ahat import ahat_attention, soft_attention
 from jaxmem.kernels.assoc import associative_memory
 from jaxmem.kernels.attention import softmax_attention
@@ -27,6 +46,7 @@ from jaxmem.kernels.sdnc import sdnc_attention, sdnc_cross_attention
 
 __all__ = [
     "DNCInterface", "DNCState", "ahat", "ahat_attention", "assoc", "associative_memory", "attention",
-    "dnc", "dnc_init", "dnc_scan", "dnc_step", "parse_interface", "precision", "sdnc", "sdnc_attention",
-    "sdnc_cross_attention", "segsum", "soft_attention", "softmax_attention",
+    "dnc", "dnc_init", "dnc_scan", "dnc_step", "matrix_state", "parse_interface", "precision", "rosa", "sdnc",
+    "sdnc_attention", "sdnc_cross_attention", "segsum", "slots", "soft_attention", "softmax_attention",
+    "topk_memory",
 ]

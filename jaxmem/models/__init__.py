@@ -1,5 +1,6 @@
 """Flax NNX modules: the Transformer body (``transformer``), its token mixers (``mixers/``,
-one file per memory), and one file per paper architecture (``dnc``, ``sdnc``); arithmetic
+one file per memory), and one file (or package) per paper architecture (``dnc``, ``sdnc``,
+                                                                        ``unimatrix``); arithmetic
 lives in ``jaxmem/kernels/``."""
 
 from jaxmem.models import mixers
@@ -7,10 +8,19 @@ from jaxmem.models.dnc import DNC, DNCConfig
 from jaxmem.models.mixers import AssocConfig, MixerConfig, SDNCConfig, SDNCHybridConfig, SoftmaxConfig
 from jaxmem.models.sdnc import EncoderDecoderConfig, SDNCEncoderDecoder, SDNCTransformer, copy_params
 from jaxmem.models.transformer import TransformerConfig, TransformerLM, count_params
+from jaxmem.models.unimatrix import (
+    RecurrentFFNHybrid,
+    RecurrentFFNHybridConfig,
+    TripleLatentLM,
+    TypedLatentCompressor,
+    UniMatrixConfig,
+    UniMatrixLM,
+)
 
 __all__ = [
     "DNC", "AssocConfig", "DNCConfig", "EncoderDecoderConfig", "MixerConfig", "SDNCConfig",
     "SDNCEncoderDecoder",
     "SDNCHybridConfig", "SDNCTransformer", "SoftmaxConfig", "TransformerConfig", "TransformerLM", "copy_params",
-    "count_params", "mixers",
+    "count_params", "mixers", "RecurrentFFNHybrid", "RecurrentFFNHybridConfig", "TripleLatentLM",
+    "TypedLatentCompressor", "UniMatrixConfig", "UniMatrixLM",
 ]

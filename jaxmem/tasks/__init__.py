@@ -41,3 +41,31 @@ __all__ = [
     "load_babi", "masked_sigmoid_cross_entropy", "mqar", "mqar_stream", "multihop_recall",
     "multihop_stream", "parse_babi", "priority_sort", "repeat_copy", "tokenize",
 ]
+
+# UniMatrix paper benchmarks (jaxmem.tasks.unimatrix) and the RULER subset (jaxmem.tasks.ruler;
+# its generate / score / encode are reached through the module, so the names mean one thing).
+from jaxmem.tasks import ruler, unimatrix  # noqa: E402
+from jaxmem.tasks.ruler import RULER_TASKS, RulerBatch, RulerExample, ruler_batch  # noqa: E402
+from jaxmem.tasks.unimatrix import (  # noqa: E402
+    RECALL_VOCAB,
+    THREE_TOKEN_TASKS,
+    THREE_TOKEN_VOCAB,
+    RecallBatch,
+    ThreeTokenBatch,
+    ThreeTokenExample,
+    decode_recall,
+    decode_three_token,
+    lookup_table,
+    recall_batch,
+    recall_stream,
+    three_token_batch,
+    three_token_stream,
+    three_token_target,
+)
+
+__all__ += [
+    "RECALL_VOCAB", "RULER_TASKS", "RecallBatch", "RulerBatch", "RulerExample", "THREE_TOKEN_TASKS",
+    "THREE_TOKEN_VOCAB", "ThreeTokenBatch", "ThreeTokenExample", "decode_recall", "decode_three_token",
+    "lookup_table", "recall_batch", "recall_stream", "ruler", "ruler_batch", "three_token_batch",
+    "three_token_stream", "three_token_target", "unimatrix",
+]

@@ -31,7 +31,7 @@ HYBRID_STACK = (SoftmaxConfig(), GATED, SoftmaxConfig())
 
 
 def test_registry_holds_every_mixer_and_round_trips_its_config():
-  assert mixers.names() == ["ahat", "assoc", "sdnc", "sdnc_hybrid", "softmax"]
+  assert mixers.names() == ["ahat", "assoc", "matrix_state", "sdnc", "sdnc_hybrid", "softmax", "topk_memory"]
   for cfg in (SoftmaxConfig(short_conv=2), SDNCConfig(), SDNCHybridConfig(erase=True),
               AssocConfig(rule="oja", key_norm=True, mode="recurrent", feature_map="dpfp1")):
     assert mixers.lookup(cfg.name)[0] is type(cfg)

@@ -12,6 +12,10 @@ name            config / module                 arithmetic
                 ``SDNCHybrid``
 ``assoc``       ``AssocConfig`` /               :func:`jaxmem.kernels.assoc.associative_memory`
                 ``AssociativeMemory``
+``matrix_state`` ``MatrixStateConfig`` /        :func:`jaxmem.kernels.matrix_state.matrix_state`
+                ``MatrixStateMixer``            (UniMatrix's gated matrix state)
+``topk_memory`` ``TopKMemoryConfig`` /          :func:`jaxmem.kernels.topk_memory.topk_memory_read`
+                ``TopKMemory``                  (UniMatrix-Assoc's dense memory)
 =============== =============================== ============================================
 
 Adding a memory is adding one file here: a frozen config dataclass subclassing
@@ -36,12 +40,15 @@ for _m in pkgutil.iter_modules(__path__):  # each mixer module registers itself
 
 from jaxmem.models.mixers.ahat import AHATAttention, AHATConfig  # noqa: E402
 from jaxmem.models.mixers.assoc import AssocConfig, AssociativeMemory  # noqa: E402
+from jaxmem.models.mixers.matrix_state import MatrixStateConfig, MatrixStateMixer  # noqa: E402
 from jaxmem.models.mixers.qkv import QKVMixer, ShortConv  # noqa: E402
 from jaxmem.models.mixers.sdnc import SDNCConfig, SDNCHybrid, SDNCHybridConfig, SDNCRead  # noqa: E402
 from jaxmem.models.mixers.softmax import SoftmaxAttention, SoftmaxConfig  # noqa: E402
+from jaxmem.models.mixers.topk_memory import TopKMemory, TopKMemoryConfig  # noqa: E402
 
 __all__ = [
-    "REGISTRY", "AHATAttention", "AHATConfig", "AssocConfig", "AssociativeMemory", "MixerConfig", "QKVMixer",
-    "SDNCConfig", "SDNCHybrid", "SDNCHybridConfig", "SDNCRead", "ShortConv", "SoftmaxAttention",
-    "SoftmaxConfig", "build", "default_dict", "lookup", "names", "register",
+    "REGISTRY", "AHATAttention", "AHATConfig", "AssocConfig", "AssociativeMemory", "MatrixStateConfig",
+    "MatrixStateMixer", "MixerConfig", "QKVMixer", "SDNCConfig", "SDNCHybrid", "SDNCHybridConfig", "SDNCRead",
+    "ShortConv", "SoftmaxAttention", "SoftmaxConfig", "TopKMemory", "TopKMemoryConfig", "build", "default_dict",
+    "lookup", "names", "register",
 ]

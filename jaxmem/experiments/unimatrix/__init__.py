@@ -1,0 +1,5 @@
+"""Experiments of the UniMatrix paper (Liu Xiao 2026, ``docs/papers/unimatrix.md``), re-run with
+jaxmem's causal implementation: ``unimatrix_recall`` (the associative-recall table and the slot
+ablation), ``unimatrix_three_token`` (the corrected three-token benchmark), ``unimatrix_lm``
+(bits per byte at the paper's recipe and as matched-budget curves). Throughput is a benchmark,
+not an experiment: ``jaxmem bench unimatrix`` (``jaxmem/bench/unimatrix.py``)."""

@@ -1,0 +1,123 @@
+"""What the UniMatrix experiments share: the model zoo by name (the Transformer baselines are
+:mod:`jaxmem.models.unimatrix.baselines`'), a generic trainer on a batch stream, accuracy at the
+masked positions."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxmem.models import TransformerLM, UniMatrixConfig, UniMatrixLM, count_params
+from jaxmem.models.unimatrix import (
+  VARIANTS,
+  RecurrentFFNHybrid,
+  RecurrentFFNHybridConfig,
+  TripleLatentConfig,
+  TripleLatentLM,
+  TypedLatentCompressor,
+  three_token_typed_config,
+)
+from jaxmem.models.unimatrix.baselines import matched_transformer, paper_transformer_config
+from jaxmem.results import pyplot
+from jaxmem.train.loop import TrainTask, train
+from jaxmem.train.losses import recall_loss
+from jaxmem.train.recall import recall_train_config
+
+# the paper's sizes (docs/papers/unimatrix.md): d_model 64, 3 shared steps, 4 heads, state 16
+PAPER_SIZES = dict(d_model=64, n_steps=3, n_heads=4, state_dim=16)
+LABELS = {"transformer": "Transformer", "transformer_matched": "Transformer (equal params)",
+          "core": "UniMatrix-Core", "core_carry_state": "UniMatrix-Core, state carried across depth (leaks)",
+          "rosa": "UniMatrix-ROSA", "discovery": "UniMatrix-Discovery",
+          "assoc": "UniMatrix-Assoc", "sparse_pointer": "UniMatrix-SparsePointer",
+          "hybrid": "Recurrent-FFN-Hybrid", "typed_latent": "Typed-Latent",
+          "triple_latent": "generic triple-latent"}
+MODEL_NAMES = tuple(LABELS)
+
+
+def model_factory(name: str, *, vocab_size: int, max_len: int, **options) -> Callable[[nnx.Rngs], nnx.Module]:
+  """``rngs -> model`` for ``name`` in :data:`MODEL_NAMES` at the paper's sizes; ``options`` go to
+  :class:`~jaxmem.models.UniMatrixConfig` (a variant's overrides, e.g. ``n_slots=16, pointer=False``)."""
+  if name not in MODEL_NAMES:
+    raise ValueError(f"unknown model {name!r}; known: {list(MODEL_NAMES)}.")
+  if name == "transformer":
+    cfg = paper_transformer_config(vocab_size, max_len)
+    return lambda rngs: TransformerLM(cfg, rngs=rngs)
+  if name == "transformer_matched":
+    core = nnx.eval_shape(lambda: UniMatrixLM(UniMatrixConfig(vocab_size=vocab_size, max_len=max_len,
+                                                                **PAPER_SIZES), rngs=nnx.Rngs(0)))
+    cfg, _ = matched_transformer(count_params(core), vocab_size=vocab_size, max_len=max_len)
+    return lambda rngs: TransformerLM(cfg, rngs=rngs)
+  if name == "hybrid":
+    hcfg = RecurrentFFNHybridConfig(vocab_size=vocab_size, max_len=max_len, d_model=64, n_layers=3, n_heads=4,
+                                    state_dim=16)
+    return lambda rngs: RecurrentFFNHybrid(hcfg, rngs=rngs)
+  if name == "typed_latent":
+    tcfg = three_token_typed_config()
+    return lambda rngs: TypedLatentCompressor(tcfg, rngs=rngs)
+  if name == "triple_latent":
+    gcfg = TripleLatentConfig(vocab_size=vocab_size, max_len=max_len, d_model=64, n_layers=2, n_heads=4,
+                              state_dim=16)
+    return lambda rngs: TripleLatentLM(gcfg, rngs=rngs)
+  if name == "core_carry_state":   # the released code's future-token leak, to measure what it is worth
+    name, options = "core", {**options, "carry_state": True}
+  assert name in VARIANTS
+  ucfg = UniMatrixConfig(variant=name, vocab_size=vocab_size, max_len=max_len, **{**PAPER_SIZES, **options})
+  return lambda rngs: UniMatrixLM(ucfg, rngs=rngs)
+
+
+def train_on_stream(init_model, stream, n_steps: int, lr: float, workdir: str | os.PathLike, progress: bool,
+                    loss_fn=recall_loss, seed: int = 0):
+  """Trains (or resumes from ``workdir``'s checkpoints) ``init_model`` on ``stream`` with ``loss_fn``; returns
+  ``(model, history)`` (history: the metrics rows)."""
+  task = TrainTask(init_model=init_model, loss_fn=loss_fn, train_iter=stream)
+  result = train(task, recall_train_config(n_steps, lr, seed), workdir, progress=progress)
+  return result.model, result.history
+
+
+def masked_accuracy(model: nnx.Module, stream, n_batches: int, group_key: str = "") -> dict:
+  """Argmax accuracy at ``mask == 1`` over the first ``n_batches`` batches of ``stream``: ``{"all": a}``, and
+  per value of ``batch[group_key]`` (one int per row, e.g. the three-token task) when given."""
+  graphdef, state = nnx.split(model)
+  predict = jax.jit(lambda st, x: nnx.merge(graphdef, st)(x).argmax(-1))
+  hits, counts = {}, {}
+  for i in range(n_batches):
+    b = stream.batch_at(i)
+    pred = np.asarray(predict(state, b["inputs"]))
+    mask = np.asarray(b["mask"]) > 0
+    ok = (pred == np.asarray(b["targets"])) & mask
+    groups = np.asarray(b[group_key]) if group_key else np.zeros(ok.shape[0], int)
+    for g in np.unique(groups):
+      rows = groups == g
+      hits[int(g)] = hits.get(int(g), 0) + int(ok[rows].sum())
+      counts[int(g)] = counts.get(int(g), 0) + int(mask[rows].sum())
+  out = {"all": sum(hits.values()) / max(1, sum(counts.values()))}
+  if group_key:
+    out.update({g: hits[g] / max(1, counts[g]) for g in sorted(hits)})
+  return out
+
+
+def run_tag(base: str, **fields) -> str:
+  """A work-dir name that records what was trained (``core_p4-steps400-bs32-lr0.003``), so a rerun with other
+  settings in the same output folder trains afresh instead of resuming a checkpoint of another budget."""
+  return base + "".join(f"-{k}{v}" for k, v in fields.items())
+
+
+def plot_accuracy_curves(ctx, results: dict, lines: dict, filename: str = "learning_curves.png") -> str:
+  """Training accuracy (last position) against step for each model of ``results`` (name -> ``{"curve":
+  [(step, accuracy)]}``), with horizontal reference ``lines`` (label -> value); returns the figure's path."""
+  plt = pyplot()
+  fig, ax = plt.subplots(figsize=(6, 3.6))
+  for name, r in results.items():
+    if r["curve"]:
+      ax.plot(*zip(*r["curve"], strict=True), label=LABELS[name], lw=1)
+  for (label, value), style in zip(lines.items(), (":", "--", "-."), strict=False):
+    ax.axhline(value, ls=style, c="gray", label=label)
+  ax.set_xlabel("step")
+  ax.set_ylabel("train accuracy (last position)")
+  ax.set_ylim(0, 1.02)
+  ax.legend(fontsize=7)
+  return ctx.save_figure(fig, filename)

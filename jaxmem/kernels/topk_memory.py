@@ -1,0 +1,87 @@
+"""A dense append-only key/value memory read by sparse (top-K) cosine attention.
+
+UniMatrix-Assoc's memory (Liu Xiao 2026, arXiv:2604.25930, ``docs/papers/unimatrix.md``):
+every token appends its key ``k_t`` and value ``v_t``; the read at ``t`` sees the entries
+written **before** ``t`` (read before write, as the slot memory of
+:mod:`jaxmem.kernels.slots`), scores them by cosine similarity, keeps the ``K`` best and
+mixes their values with ``softmax(τ · score)`` over the kept ones (the paper's ``K = 8``,
+``τ = 8``)::
+
+    s_tj = cos(q_t, k_j)                       j < t
+    A_t  = top-K_j s_tj                         (fewer when t < K)
+    o_t  = Σ_{j∈A_t} softmax_j(τ s_tj) v_j      (o_t = 0 when t = 0: nothing written yet)
+
+Shapes: ``q, k [B, T, H, D]``, ``v [B, T, H, D_v]`` -> ``o [B, T, H, D_v]``. The scores are
+the full ``[B, H, T, T]`` causal matrix (``O(T²)`` memory, like softmax attention without a
+fused kernel); the top-K selection is ``lax.top_k`` on it. Gradients flow through the kept
+scores and values; the selection itself is piecewise constant. Empty reads give exactly
+0 in values and gradients (no ``softmax`` over an all-``−inf`` row).
+
+Tested against a per-token numpy loop in ``tests/kernels/test_topk_memory.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxmem._checks import check_equal, check_finite_number, check_positive_int, check_rank
+from jaxmem.kernels.precision import matmul_for
+
+_EPS = 1e-6
+
+
+def _unit(x):
+  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + _EPS)
+
+
+def topk_memory_read(q: jax.Array, k: jax.Array, v: jax.Array, *, top_k: int = 8, temperature: float = 8.0,
+                     precision: Any = "highest") -> jax.Array:
+  """Top-K cosine read of the append-only memory of earlier tokens (equations in the module docstring).
+
+  Args:
+    q, k: ``[B, T, H, D]`` queries and keys (cosine similarity: their norms do not matter).
+    v: ``[B, T, H, D_v]`` values.
+    top_k: entries kept per read (``K``); reads at ``t < K`` keep the ``t`` that exist.
+    temperature: ``τ`` in ``softmax(τ · cos)``; finite and > 0.
+    precision: matmul precision (:mod:`jaxmem.kernels.precision`).
+
+  Returns:
+    ``o [B, T, H, D_v]`` in the dtype of ``v`` (computed in float32 at least).
+  """
+  B, T, H, D = check_rank("q", q, 4, "B, T, H, D")
+  Bk, Tk, Hk, Dk = check_rank("k", k, 4, "B, T, H, D")
+  Bv, Tv, Hv, _ = check_rank("v", v, 4, "B, T, H, D_v")
+  check_equal("batch sizes", q=B, k=Bk, v=Bv)
+  check_equal("lengths", q=T, k=Tk, v=Tv)
+  check_equal("numbers of heads", q=H, k=Hk, v=Hv)
+  check_equal("key widths", q=D, k=Dk)
+  top_k = check_positive_int("top_k", top_k)
+  tau = check_finite_number("temperature", temperature, positive=True)
+  if T == 0:
+    raise ValueError(f"`q` must have at least one time step, got shape {tuple(q.shape)}.")
+  dot = matmul_for(precision)
+  acc = jnp.promote_types(jnp.result_type(q, k, v), jnp.float32)
+  qn, kn = _unit(q.astype(acc)), _unit(k.astype(acc))
+  s_BHTJ = dot.einsum("bthd,bjhd->bhtj", qn, kn)
+  earlier = jnp.arange(T)[:, None] > jnp.arange(T)[None, :]  # j < t: written before the read
+  K = min(top_k, T)
+  s_BHTJ = jnp.where(earlier, s_BHTJ, -jnp.inf)
+  vals_BHTK, idx_BHTK = jax.lax.top_k(s_BHTJ, K)
+  valid = jnp.isfinite(vals_BHTK)
+  logits = jnp.where(valid, tau * vals_BHTK, 0.0)
+  logits = logits - jax.lax.stop_gradient(jnp.max(jnp.where(valid, logits, -1e30), axis=-1, keepdims=True))
+  e = jnp.where(valid, jnp.exp(jnp.where(valid, logits, 0.0)), 0.0)
+  w_BHTK = e / jnp.maximum(jnp.sum(e, axis=-1, keepdims=True), 1e-30)  # all-invalid rows: 0 / 1e-30 = 0
+  v_BHJV = jnp.swapaxes(v.astype(acc), 1, 2)
+  gathered = jnp.take_along_axis(v_BHJV[:, :, None], idx_BHTK[..., None], axis=3)  # [B, H, T, K, Dv]
+  # reads at t < K also pick masked (future) entries; select them away rather than weigh them by 0, so
+  # a non-finite value written later cannot reach an earlier read (0 · inf = NaN)
+  gathered = jnp.where(valid[..., None], gathered, 0.0)
+  o_BHTV = jnp.sum(w_BHTK[..., None] * gathered, axis=3)
+  return jnp.swapaxes(o_BHTV, 1, 2).astype(v.dtype)
+
+
+__all__ = ["topk_memory_read"]

@@ -1,0 +1,121 @@
+"""UniMatrix's matrix-state token mixer (Liu Xiao 2026, arXiv:2604.25930, ``docs/papers/unimatrix.md``).
+
+Per head (state ``S × S``), per token, with ``x`` the block's normalised input::
+
+    q, k, v (, d) = tanh(W x + b)                       [B, T, H, S] each
+    ρ_t = σ(w_ρ · x_t + b_ρ)                           one scalar per head
+    S_t = ρ_t S_{t−1} + (1 − ρ_t) U_t                  U_t = k vᵀ (``updates="outer"``, Core) or
+          U_t = w_o k vᵀ + w_d Diag(d) + w_s ½(k vᵀ + v kᵀ),  w = softmax(per-head logits)
+                                                        (``updates="hybrid"``, Discovery)
+    y_t = (W_o [S_t q_t]_heads) ⊙ σ(W_g x_t)           output projection under a sigmoid gate
+
+The recurrence is :func:`jaxmem.kernels.matrix_state.matrix_state` (a ``lax.scan`` or the
+chunked form built on the associative kernel's ``decay`` rule); ``spectral_norm=True``
+rescales every ``S_t`` to spectral norm ≤ 1 (recurrent form only). The state starts at 0
+on every call, so a Universal-Transformer body that applies this mixer at several depth
+steps resets the state at each one (the paper's released code does not, which leaks future
+tokens; ``tests/models/test_unimatrix.py`` checks causality by gradient).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxmem._checks import check_config_ints
+from jaxmem.kernels import matrix_state as ms
+from jaxmem.kernels.precision import PRECISIONS
+from jaxmem.models.mixers.qkv import gate_projection
+from jaxmem.models.mixers.registry import MixerConfig, register
+
+UPDATES = ("outer", "hybrid")
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixStateConfig(MixerConfig):
+  """Attributes:
+    state_dim: ``S``, the side of each head's square state; 0 means ``d_model // n_heads``.
+    updates: "outer" (``U = k vᵀ``, UniMatrix-Core) or "hybrid" (the per-head softmax mix
+      of outer, diagonal and symmetric updates, UniMatrix-Discovery).
+    spectral_norm: rescale ``S_t`` to spectral norm ≤ 1 after every update (recurrent form).
+    output_gate: multiply the output projection by ``σ(W_g x)`` (the paper's gate).
+    rho_bias: initial bias of the retention gate, ``ρ = σ(rho_bias)`` at init (2 → 0.88).
+    mode: "auto" (the fastest forward, chunked derivatives; recurrent with spectral_norm),
+      "recurrent" or "chunked".
+    chunk_size: chunk length of the chunked form.
+    precision: matmul precision of the kernel (:mod:`jaxmem.kernels.precision`).
+  """
+
+  name: str = dataclasses.field(default="matrix_state", init=False)
+  state_dim: int = 0
+  updates: str = "outer"
+  spectral_norm: bool = False
+  output_gate: bool = True
+  rho_bias: float = 2.0
+  mode: str = "auto"
+  chunk_size: int = 64
+  precision: str = "highest"
+
+  def __post_init__(self):
+    check_config_ints(self, ("state_dim",), allow_zero=True)
+    check_config_ints(self, ("chunk_size",))
+    if self.updates not in UPDATES:
+      raise ValueError(f"MatrixStateConfig.updates must be one of {list(UPDATES)}, got {self.updates!r}.")
+    if self.mode not in ms.MODES:
+      raise ValueError(f"MatrixStateConfig.mode must be one of {list(ms.MODES)}, got {self.mode!r}.")
+    if self.spectral_norm and self.mode == "chunked":
+      raise ValueError("MatrixStateConfig: spectral_norm=True needs mode='recurrent' or 'auto' (the "
+                       "rescaling is nonlinear in S, so there is no chunked form).")
+    if not isinstance(self.precision, str) or self.precision.lower() not in PRECISIONS:
+      raise ValueError(f"MatrixStateConfig.precision must be one of {list(PRECISIONS)}, "
+                       f"got {self.precision!r}.")
+    if isinstance(self.rho_bias, bool) or not isinstance(self.rho_bias, (int, float)) or not math.isfinite(
+        self.rho_bias):
+      raise ValueError(f"MatrixStateConfig.rho_bias must be a finite number, got {self.rho_bias!r}.")
+    for name in ("spectral_norm", "output_gate"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"MatrixStateConfig.{name} must be a bool, got {getattr(self, name)!r}.")
+
+
+class MatrixStateMixer(nnx.Module):
+  """``x [B, T, d_model] -> y [B, T, d_model]``: projections here, the recurrence in the kernel."""
+
+  def __init__(self, cfg: MatrixStateConfig, *, d_model: int, n_heads: int, n_layers: int, dtype: str,
+               rngs: nnx.Rngs):
+    S = cfg.state_dim or d_model // n_heads
+    if S <= 0:
+      raise ValueError(f"n_heads={n_heads} leaves no state: d_model={d_model} // n_heads is 0; set state_dim.")
+    self.cfg, self.n_heads, self.state_dim = cfg, n_heads, S
+    dt = jnp.dtype(dtype)
+    self.n_proj = 4 if cfg.updates == "hybrid" else 3  # q, k, v (, d)
+    self.proj = nnx.Linear(d_model, self.n_proj * n_heads * S, dtype=dt, rngs=rngs)
+    self.rho = gate_projection(d_model, n_heads, jnp.full((n_heads,), cfg.rho_bias), dtype=dt, rngs=rngs)
+    self.mix_logits = nnx.data(nnx.Param(jnp.zeros((n_heads, 3), jnp.float32)) if cfg.updates == "hybrid"
+                               else None)
+    self.out = nnx.Linear(n_heads * S, d_model, dtype=dt, rngs=rngs,
+                          kernel_init=nnx.initializers.normal(0.02 / (2 * n_layers) ** 0.5))
+    self.gate = nnx.data(nnx.Linear(d_model, d_model, dtype=dt, rngs=rngs) if cfg.output_gate else None)
+
+  def __call__(self, x_BTD: jax.Array, initial_state=None, return_state: bool = False):
+    """``y [B, T, d_model]``; with ``return_state`` also ``S_T [B, H, S, S]`` (``initial_state``: ``S_0``)."""
+    B, T, _ = x_BTD.shape
+    H, S, cfg = self.n_heads, self.state_dim, self.cfg
+    parts = jnp.tanh(self.proj(x_BTD)).reshape(B, T, self.n_proj, H, S)
+    q, k, v = parts[:, :, 0], parts[:, :, 1], parts[:, :, 2]
+    d = parts[:, :, 3] if self.n_proj == 4 else None
+    mix = None if self.mix_logits is None else jax.nn.softmax(self.mix_logits[...], axis=-1)
+    log_rho = jax.nn.log_sigmoid(self.rho(x_BTD).astype(jnp.float32))
+    o, S_T = ms.matrix_state(q, k, v, log_rho=log_rho, d=d, mix=mix, mode=cfg.mode, chunk_size=cfg.chunk_size,
+                             spectral_norm=cfg.spectral_norm, precision=cfg.precision,
+                             initial_state=initial_state, return_state=True)
+    y = self.out(o.reshape(B, T, H * S))
+    if self.gate is not None:
+      y = y * jax.nn.sigmoid(self.gate(x_BTD))
+    return (y, S_T) if return_state else y
+
+
+register("matrix_state", MatrixStateConfig, MatrixStateMixer)

@@ -1,0 +1,59 @@
+"""UniMatrix-Assoc's dense memory as a token mixer: every token appends ``(k, v)``; each reads
+the top-K earlier entries by cosine, ``softmax(τ·cos)`` (:func:`jaxmem.kernels.topk_memory.topk_memory_read`),
+and the read enters through a sigmoid gate ``σ(W_g x)`` (Liu Xiao 2026, ``docs/papers/unimatrix.md``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+from flax import nnx
+
+from jaxmem._checks import check_config_ints, check_finite_number
+from jaxmem.kernels.topk_memory import topk_memory_read
+from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv
+from jaxmem.models.mixers.registry import MixerConfig, register
+
+
+@dataclasses.dataclass(frozen=True)
+class TopKMemoryConfig(MixerConfig):
+  """Attributes:
+    top_k: entries each read keeps (the paper's 8).
+    temperature: ``τ`` of ``softmax(τ · cos)`` (the paper's 8).
+    gated: multiply the read by ``σ(W_g x)`` (the paper's gated add).
+    short_conv: as in :class:`~jaxmem.models.mixers.softmax.SoftmaxConfig`.
+  """
+
+  name: str = dataclasses.field(default="topk_memory", init=False)
+  top_k: int = 8
+  temperature: float = 8.0
+  gated: bool = True
+  short_conv: int = 0
+
+  def __post_init__(self):
+    check_short_conv(self)
+    check_config_ints(self, ("top_k",))
+    try:
+      check_finite_number("temperature", self.temperature, positive=True)
+    except ValueError:
+      raise ValueError(f"TopKMemoryConfig.temperature must be a finite positive number, got "
+                       f"{self.temperature!r}.") from None
+
+
+class TopKMemory(QKVMixer):
+  """Projections and the gate; the top-K read is the kernel's."""
+
+  def __init__(self, cfg: TopKMemoryConfig, *, d_model, n_heads, n_layers, dtype, rngs):
+    super().__init__(cfg, d_model=d_model, n_heads=n_heads, n_layers=n_layers, dtype=dtype, rngs=rngs)
+    self.read_gate = nnx.data(nnx.Linear(d_model, d_model, dtype=self.qkv.dtype, rngs=rngs) if cfg.gated
+                              else None)
+
+  def read(self, x_BTD, q, k, v):
+    return topk_memory_read(q, k, v, top_k=self.cfg.top_k, temperature=self.cfg.temperature)
+
+  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    y = super().__call__(x_BTD)
+    return y if self.read_gate is None else y * jax.nn.sigmoid(self.read_gate(x_BTD))
+
+
+register("topk_memory", TopKMemoryConfig, TopKMemory)

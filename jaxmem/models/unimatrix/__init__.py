@@ -1,0 +1,28 @@
+"""The UniMatrix family (Liu Xiao 2026, arXiv:2604.25930; ``docs/papers/unimatrix.md``).
+
+* :class:`UniMatrixConfig` / :class:`UniMatrixLM` — the shared-depth matrix-state LM with
+  variants ``core``, ``rosa``, ``discovery``, ``assoc``, ``sparse_pointer`` as presets
+  (:mod:`.config`, :mod:`.model`);
+* :class:`TypedLatentCompressor` and :class:`TripleLatentLM` — the three-token benchmark's
+  typed (benchmark-aware) and generic latent models (:mod:`.latent`);
+* :class:`RecurrentFFNHybrid` — the baseline Transformer with its FFN replaced by a
+  recurrent memory block (:mod:`.hybrid`).
+"""
+
+from jaxmem.models.unimatrix.config import PRESETS, ROSA_SOURCES, VARIANTS, UniMatrixConfig
+from jaxmem.models.unimatrix.hybrid import RecurrentFFNHybrid, RecurrentFFNHybridConfig
+from jaxmem.models.unimatrix.latent import (
+    TripleLatentConfig,
+    TripleLatentLM,
+    TypedLatentCompressor,
+    TypedLatentConfig,
+    three_token_typed_config,
+)
+from jaxmem.models.unimatrix.model import UniMatrixBlock, UniMatrixLM, count_params, param_breakdown
+
+__all__ = [
+    "PRESETS", "ROSA_SOURCES", "VARIANTS", "RecurrentFFNHybrid", "RecurrentFFNHybridConfig",
+    "TripleLatentConfig",
+    "TripleLatentLM", "TypedLatentCompressor", "TypedLatentConfig", "UniMatrixBlock", "UniMatrixConfig",
+    "UniMatrixLM", "count_params", "param_breakdown", "three_token_typed_config",
+]

@@ -1,0 +1,190 @@
+"""UniMatrixConfig: the UniMatrix family as presets of one config (penzai's thin variants).
+
+Every option the paper's variants differ in is a field; ``None`` means "the variant's
+preset" (:data:`PRESETS`) and is resolved at construction, so ``UniMatrixConfig(variant="rosa")``
+has ``rosa == "prev_token"`` and ``UniMatrixConfig(variant="rosa", rosa="automaton")`` swaps
+the paper's previous-token path for RWKV-8's suffix-automaton prediction.
+
+============== ========= ============ ========== ========= ======== ======== ===== =======
+variant        updates   rosa         deep_emb   step_emb  spectral dense    slots pointer
+============== ========= ============ ========== ========= ======== ======== ===== =======
+core           outer     none         no         no        no       no       0     no
+rosa           outer     prev_token   no         no        no       no       0     no
+discovery      hybrid    prev_token   yes        yes       yes      no       0     no
+assoc          outer     none         no         no        no       top-8    0     no
+sparse_pointer outer     none         no         no        no       no       32    yes
+============== ========= ============ ========== ========= ======== ======== ===== =======
+
+(sparse_pointer also has a learned write gate, ``write_gate=True``.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from jaxmem._checks import check_config_ints
+from jaxmem.kernels import matrix_state as ms
+from jaxmem.kernels.precision import PRECISIONS
+from jaxmem.models.mixers.matrix_state import UPDATES
+
+VARIANTS = ("core", "rosa", "discovery", "assoc", "sparse_pointer")
+ROSA_SOURCES = ("none", "prev_token", "automaton")
+SLOT_QUERIES = ("hidden", "prev_token")
+
+_OFF = dict(updates="outer", rosa="none", deep_embed=False, step_embed=False, spectral_norm=False,
+            dense_memory=False, n_slots=0, pointer=False, write_gate=False)
+PRESETS = {
+    "core": dict(_OFF),
+    "rosa": dict(_OFF, rosa="prev_token"),
+    "discovery": dict(_OFF, updates="hybrid", rosa="prev_token", deep_embed=True, step_embed=True,
+                      spectral_norm=True),
+    "assoc": dict(_OFF, dense_memory=True),
+    "sparse_pointer": dict(_OFF, n_slots=32, pointer=True, write_gate=True),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class UniMatrixConfig:
+  """Architecture of :class:`~jaxmem.models.unimatrix.UniMatrixLM`.
+
+  Attributes:
+    variant: one of :data:`VARIANTS`; sets every ``None`` option below.
+    vocab_size: token ids ``[0, vocab_size)`` (259 = 256 bytes + 3 specials at the paper's sizes).
+    d_model: residual width (64).
+    n_steps: depth steps of the one shared block (3).
+    n_heads: heads of the matrix state (4); must divide ``d_model``.
+    state_dim: side ``S`` of each head's ``S × S`` state (16); at most ``d_model``.
+    max_len: longest sequence; longer inputs raise ``ValueError``.
+    d_ff: feed-forward hidden width; 0 means ``4 · d_model``.
+    positions: "learned" (absolute, up to ``max_len``) or "none".
+    tie_embeddings: read logits with the transposed input embedding.
+    mode, chunk_size, precision: the matrix-state kernel's form (``auto``: the fastest forward
+      with chunked derivatives, recurrent when ``spectral_norm``), chunk and matmul precision.
+    updates: "outer" (Core) or "hybrid" (outer / diagonal / symmetric mix, Discovery).
+    rosa: "none", "prev_token" (the paper's code: an embedding of ``x_{t−1}``) or "automaton"
+      (RWKV-8's ROSA: the token that followed the longest earlier match of the suffix).
+    deep_embed: after every depth step ``h ← h ⊙ (1 + σ(P · E_deep[x_t]))``.
+    step_embed: a learned vector per depth step added before it.
+    spectral_norm: spectral norm of every state ≤ 1 (recurrent form).
+    dense_memory: an append-only key/value memory read top-``dense_top_k`` in each block (Assoc).
+    dense_top_k: ``K`` of that read (8).
+    n_slots: slots of the sparse slot memory (0: none; 32 in SparsePointer).
+    pointer: pointer-logit fusion (the slot read's weights scattered onto their token ids).
+    write_gate: a learned per-token write gate ``σ(w · h)`` on slot writes.
+    slot_top_k, slot_threshold, slot_temperature: the slot read's ``K`` (4), the merge
+      cosine (0.85), the read's ``τ`` in ``softmax(τ · score)`` (8).
+    slot_query: "hidden" (a learned projection ``W_q LN(h_t)`` of the final state) or
+      "prev_token" (``E[x_{t−1}]``, the slot keys' own space: a read is then the lookup
+      "what followed the previous token before", an induction head by construction).
+    slot_cos_scale: the cosine's weight in the slot score ``s · cos + log(strength)``; None is
+      the paper's ``1 / √d_model`` (with which ``log(strength)`` dominates the score).
+    act: Adaptive Computation Time over depth (Graves 2016; Universal Transformer,
+      Dehghani et al. 2019): per position, halt once the summed halting probabilities
+      reach ``act_threshold``; the output is the halting-weighted mix of the depth states.
+    act_threshold: ``1 − ε`` of ACT (0.99).
+    remat: recompute each depth step in the backward pass (``jax.checkpoint``).
+    carry_state: **reproduces the paper's released-code bug, for studying it only**: the
+      matrix state left at the end of depth step ``n`` (after the *last* token) initialises
+      step ``n + 1``, so every position at step ≥ 2 sees the whole sequence. Off by
+      default; the causality tests show it leaks and the default does not.
+  """
+
+  variant: str = "core"
+  vocab_size: int = 259
+  d_model: int = 64
+  n_steps: int = 3
+  n_heads: int = 4
+  state_dim: int = 16
+  max_len: int = 128
+  d_ff: int = 0
+  positions: str = "learned"
+  tie_embeddings: bool = True
+  mode: str = "auto"
+  chunk_size: int = 64
+  precision: str = "highest"
+  updates: Optional[str] = None
+  rosa: Optional[str] = None
+  deep_embed: Optional[bool] = None
+  step_embed: Optional[bool] = None
+  spectral_norm: Optional[bool] = None
+  dense_memory: Optional[bool] = None
+  dense_top_k: int = 8
+  n_slots: Optional[int] = None
+  pointer: Optional[bool] = None
+  write_gate: Optional[bool] = None
+  slot_top_k: int = 4
+  slot_threshold: float = 0.85
+  slot_temperature: float = 8.0
+  slot_query: str = "hidden"
+  slot_cos_scale: Optional[float] = None
+  act: bool = False
+  act_threshold: float = 0.99
+  remat: bool = False
+  carry_state: bool = False
+
+  def __post_init__(self):
+    if self.variant not in VARIANTS:
+      raise ValueError(f"UniMatrixConfig.variant must be one of {list(VARIANTS)}, got {self.variant!r}.")
+    for name, value in PRESETS[self.variant].items():
+      if getattr(self, name) is None:
+        object.__setattr__(self, name, value)
+    check_config_ints(self, ("vocab_size", "d_model", "n_steps", "n_heads", "state_dim", "max_len",
+                             "chunk_size", "dense_top_k", "slot_top_k"))
+    check_config_ints(self, ("d_ff", "n_slots"), allow_zero=True)
+    if self.d_model % self.n_heads:
+      raise ValueError(f"UniMatrixConfig.n_heads={self.n_heads} must divide d_model={self.d_model}.")
+    if self.state_dim > self.d_model:
+      raise ValueError(f"UniMatrixConfig.state_dim={self.state_dim} must be at most d_model={self.d_model} "
+                       f"(each of the {self.n_heads} heads holds a state_dim × state_dim matrix).")
+    if self.positions not in ("learned", "none"):
+      raise ValueError(f"UniMatrixConfig.positions must be 'learned' or 'none', got {self.positions!r}.")
+    if self.mode not in ms.MODES:
+      raise ValueError(f"UniMatrixConfig.mode must be one of {list(ms.MODES)}, got {self.mode!r}.")
+    if not isinstance(self.precision, str) or self.precision.lower() not in PRECISIONS:
+      raise ValueError(f"UniMatrixConfig.precision must be one of {list(PRECISIONS)}, got {self.precision!r}.")
+    if self.updates not in UPDATES:
+      raise ValueError(f"UniMatrixConfig.updates must be one of {list(UPDATES)}, got {self.updates!r}.")
+    if self.rosa not in ROSA_SOURCES:
+      raise ValueError(f"UniMatrixConfig.rosa must be one of {list(ROSA_SOURCES)}, got {self.rosa!r}.")
+    for name in ("tie_embeddings", "deep_embed", "step_embed", "spectral_norm", "dense_memory", "pointer",
+                 "write_gate", "act", "remat", "carry_state"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"UniMatrixConfig.{name} must be a bool, got {getattr(self, name)!r}.")
+    if self.spectral_norm and self.mode == "chunked":
+      raise ValueError("UniMatrixConfig: spectral_norm=True has no chunked form (the rescaling is nonlinear "
+                       "in the state); use mode='auto' or 'recurrent'.")
+    def number(x):
+      return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if self.slot_query not in SLOT_QUERIES:
+      raise ValueError(f"UniMatrixConfig.slot_query must be one of {list(SLOT_QUERIES)}, "
+                       f"got {self.slot_query!r}.")
+    if self.slot_cos_scale is not None and not (number(self.slot_cos_scale)
+                                                and 0 < self.slot_cos_scale < float("inf")):
+      raise ValueError(f"UniMatrixConfig.slot_cos_scale must be None or finite and > 0, "
+                       f"got {self.slot_cos_scale!r}.")
+    if self.carry_state and self.act:
+      raise ValueError("UniMatrixConfig: carry_state (the paper's leak, for study) is not available with "
+                       "act=True.")
+    if (self.pointer or self.write_gate) and not self.n_slots:
+      raise ValueError(f"UniMatrixConfig: pointer={self.pointer} / write_gate={self.write_gate} need the "
+                       f"slot memory (n_slots > 0), got n_slots={self.n_slots}.")
+    if self.n_slots and self.slot_top_k > self.n_slots:
+      raise ValueError(f"UniMatrixConfig.slot_top_k={self.slot_top_k} must be at most n_slots={self.n_slots}.")
+    if not (number(self.slot_threshold) and -1.0 <= self.slot_threshold <= 1.0):
+      raise ValueError(f"UniMatrixConfig.slot_threshold must be a cosine in [-1, 1], "
+                       f"got {self.slot_threshold!r}.")
+    if not (number(self.slot_temperature) and 0 < self.slot_temperature < float("inf")):
+      raise ValueError(f"UniMatrixConfig.slot_temperature must be finite and > 0, "
+                       f"got {self.slot_temperature!r}.")
+    if not (number(self.act_threshold) and 0.0 < self.act_threshold <= 1.0):
+      raise ValueError(f"UniMatrixConfig.act_threshold must be in (0, 1], got {self.act_threshold!r}.")
+
+  @property
+  def ffn_dim(self) -> int:
+    return self.d_ff or 4 * self.d_model
+
+  def options(self) -> dict:
+    """The resolved preset fields (what distinguishes the variants)."""
+    return {name: getattr(self, name) for name in _OFF}

@@ -1,0 +1,182 @@
+"""The paper's latent models for the three-token benchmark (Liu Xiao 2026, ``docs/papers/unimatrix.md``).
+
+* :class:`TypedLatentCompressor` — **benchmark-aware** (an upper bound, as the paper says):
+  it is told which ids are tags, role markers (``A, B, C``), digits, task tokens, the query
+  marker and the answer classes, and keeps one typed latent ``Z[tag, role] ∈ R^L`` per
+  (tag, role): at a digit ``x_t`` right after role marker ``r`` inside the record of tag
+  ``g`` (the most recent tag token), ``Z[g, r] += E_digit[x_t]``. At ``QUERY g`` it reads
+  ``[Z[g, A]; Z[g, B]; Z[g, C]]`` and applies the MLP head of the current task (the most
+  recent task token), giving logits at the 16 class ids (−1e9 elsewhere). Causal: every
+  quantity at ``t`` is a cumulative sum / running maximum over positions ``≤ t``.
+* :class:`TripleLatentLM` — the **generic** version on raw ids: each position's latent is a
+  learned function of its triple ``(x_{t−2}, x_{t−1}, x_t)``,
+  ``z_t = e_t + GELU(W [e_{t−2}; e_{t−1}; e_t])``, followed by ``n_layers`` blocks of
+  matrix-state memory and FFN and a tied read-out: no knowledge of the task's structure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxmem._checks import check_config_ints, check_rank
+from jaxmem.models.mixers.matrix_state import MatrixStateConfig, MatrixStateMixer
+
+
+def _index_table(vocab_size: int, ids: tuple) -> jax.Array:
+  """``[vocab_size]`` int32: position of each id in ``ids``, −1 for ids not in it."""
+  table = jnp.full((vocab_size,), -1, jnp.int32)
+  return table.at[jnp.asarray(ids, jnp.int32)].set(jnp.arange(len(ids), dtype=jnp.int32))
+
+
+def _last_index(idx_BT: jax.Array) -> jax.Array:
+  """At each ``t``, the index (≥ 0) of the most recent position ``≤ t`` with ``idx ≥ 0`` (−1: none)."""
+  T = idx_BT.shape[1]
+  pos = jnp.where(idx_BT >= 0, jnp.arange(T)[None, :], -1)
+  last = jax.lax.cummax(pos, axis=1)
+  return jnp.where(last >= 0, jnp.take_along_axis(idx_BT, jnp.maximum(last, 0), axis=1), -1)
+
+
+@dataclasses.dataclass(frozen=True)
+class TypedLatentConfig:
+  """Token-id roles of the benchmark (``jaxmem.tasks.unimatrix``'s three-token vocabulary) and sizes."""
+
+  vocab_size: int
+  tag_ids: tuple
+  role_ids: tuple
+  digit_ids: tuple
+  task_ids: tuple
+  query_id: int
+  class_ids: tuple
+  latent_dim: int = 16
+  hidden: int = 64
+
+  def __post_init__(self):
+    check_config_ints(self, ("vocab_size", "latent_dim", "hidden"))
+    for name in ("tag_ids", "role_ids", "digit_ids", "task_ids", "class_ids"):
+      ids = tuple(getattr(self, name))
+      object.__setattr__(self, name, ids)
+      if not ids or any(not isinstance(i, int) or not 0 <= i < self.vocab_size for i in ids):
+        raise ValueError(f"TypedLatentConfig.{name} must be a non-empty tuple of ids in "
+                         f"[0, {self.vocab_size}), "
+                         f"got {ids!r}.")
+    if len(self.role_ids) != 3:
+      raise ValueError(f"TypedLatentConfig.role_ids must hold the 3 role markers (A, B, C), "
+                       f"got {self.role_ids!r}.")
+
+
+class TypedLatentCompressor(nnx.Module):
+  """Typed (tag, role) latents and per-task heads (module docstring); ``tokens [B, T] -> logits [B, T, V]``."""
+
+  def __init__(self, cfg: TypedLatentConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    L, Hd, n_tasks, n_cls = cfg.latent_dim, cfg.hidden, len(cfg.task_ids), len(cfg.class_ids)
+    self.digit_embed = nnx.Param(nnx.initializers.normal(1.0)(rngs.params(), (len(cfg.digit_ids), L)))
+    init = nnx.initializers.lecun_normal()
+    self.w1 = nnx.Param(jax.vmap(lambda k: init(k, (3 * L, Hd)))(jax.random.split(rngs.params(), n_tasks)))
+    self.b1 = nnx.Param(jnp.zeros((n_tasks, Hd)))
+    self.w2 = nnx.Param(jax.vmap(lambda k: init(k, (Hd, n_cls)))(jax.random.split(rngs.params(), n_tasks)))
+    self.b2 = nnx.Param(jnp.zeros((n_tasks, n_cls)))
+
+  def __call__(self, tokens_BT: jax.Array) -> jax.Array:
+    cfg = self.cfg
+    B, T = check_rank("tokens", tokens_BT, 2, "B, T")
+    V = cfg.vocab_size
+    x = tokens_BT.astype(jnp.int32)
+    prev = jnp.pad(x[:, :-1], ((0, 0), (1, 0)), constant_values=0)
+    tag = _index_table(V, cfg.tag_ids)[x]
+    cur_tag = _last_index(tag)                                  # the record being read
+    role = _index_table(V, cfg.role_ids)[prev]                  # digit after A / B / C
+    digit = _index_table(V, cfg.digit_ids)[x]
+    task = _last_index(_index_table(V, cfg.task_ids)[x])
+    write = (digit >= 0) & (role >= 0) & (cur_tag >= 0)
+    n_tags = len(cfg.tag_ids)
+    slot = jnp.where(write, cur_tag * 3 + role, -1)             # (tag, role) flattened
+    e = jnp.where(write[..., None], self.digit_embed[...][jnp.maximum(digit, 0)], 0.0)  # [B, T, L]
+    onehot = jax.nn.one_hot(slot, 3 * n_tags)                   # −1 -> zeros
+    Z = jnp.cumsum(onehot[..., None] * e[:, :, None, :], axis=1)  # [B, T, 3·n_tags, L]
+    Z = Z.reshape(B, T, n_tags, 3 * cfg.latent_dim)
+    is_query = (prev == cfg.query_id) & (tag >= 0)
+    z = jnp.take_along_axis(Z, jnp.maximum(tag, 0)[:, :, None, None], axis=2)[:, :, 0]  # [B, T, 3L]
+    t_idx = jnp.maximum(task, 0)
+    hid = jax.nn.relu(jnp.einsum("btl,btlh->bth", z, self.w1[...][t_idx]) + self.b1[...][t_idx])
+    cls = jnp.einsum("bth,bthc->btc", hid, self.w2[...][t_idx]) + self.b2[...][t_idx]
+    cls = jnp.where((is_query & (task >= 0))[..., None], cls, 0.0)
+    # ids that are not classes get −1e9: the argmax and the softmax are over the 16 classes only
+    logits = jnp.full((B, T, V), -1e9, jnp.float32)
+    return logits.at[:, :, jnp.asarray(cfg.class_ids)].set(cls.astype(jnp.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class TripleLatentConfig:
+  vocab_size: int = 259
+  d_model: int = 64
+  n_layers: int = 2
+  n_heads: int = 4
+  state_dim: int = 16
+  max_len: int = 128
+
+  def __post_init__(self):
+    check_config_ints(self, ("vocab_size", "d_model", "n_layers", "n_heads", "state_dim", "max_len"))
+
+
+class _TripleBlock(nnx.Module):
+  def __init__(self, cfg: TripleLatentConfig, *, rngs: nnx.Rngs):
+    d = cfg.d_model
+    self.ln1 = nnx.LayerNorm(d, rngs=rngs)
+    self.mixer = MatrixStateMixer(MatrixStateConfig(state_dim=cfg.state_dim), d_model=d, n_heads=cfg.n_heads,
+                                  n_layers=cfg.n_layers, dtype="float32", rngs=rngs)
+    self.ln2 = nnx.LayerNorm(d, rngs=rngs)
+    self.up = nnx.Linear(d, 4 * d, rngs=rngs)
+    self.down = nnx.Linear(4 * d, d, rngs=rngs)
+
+  def __call__(self, h):
+    h = h + self.mixer(self.ln1(h))
+    return h + self.down(jax.nn.gelu(self.up(self.ln2(h))))
+
+
+class TripleLatentLM(nnx.Module):
+  """Generic triple latents on raw ids (module docstring): ``tokens [B, T] -> logits [B, T, V]``."""
+
+  def __init__(self, cfg: TripleLatentConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d = cfg.d_model
+    self.embed = nnx.Embed(cfg.vocab_size, d, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.triple = nnx.Linear(3 * d, d, rngs=rngs)
+
+    @nnx.split_rngs(splits=cfg.n_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make(rngs: nnx.Rngs):
+      return _TripleBlock(cfg, rngs=rngs)
+
+    self.blocks = make(rngs)
+    self.ln_f = nnx.LayerNorm(d, rngs=rngs)
+
+  def __call__(self, tokens_BT: jax.Array) -> jax.Array:
+    _, T = check_rank("tokens", tokens_BT, 2, "B, T")
+    if T > self.cfg.max_len:
+      raise ValueError(f"`tokens` has length {T} > max_len={self.cfg.max_len}.")
+    e = self.embed(tokens_BT)
+    e1 = jnp.pad(e[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    e2 = jnp.pad(e[:, :-2], ((0, 0), (2, 0), (0, 0)))
+    h = e + jax.nn.gelu(self.triple(jnp.concatenate([e2, e1, e], axis=-1)))
+
+    @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
+    def run(block, h):
+      return block(h)
+
+    return self.embed.attend(self.ln_f(run(self.blocks, h))).astype(jnp.float32)
+
+
+def three_token_typed_config(latent_dim: int = 16, hidden: int = 64) -> TypedLatentConfig:
+  """The :class:`TypedLatentConfig` of :func:`jaxmem.tasks.unimatrix.three_token_batch`'s vocabulary."""
+  from jaxmem.tasks import unimatrix as tt  # the task's vocabulary; models do not otherwise depend on tasks
+
+  return TypedLatentConfig(
+      vocab_size=tt.THREE_TOKEN_VOCAB, tag_ids=tuple(range(tt.TAG0, tt.TAG0 + tt.MAX_TAGS)),
+      role_ids=(tt.ROLE_A, tt.ROLE_B, tt.ROLE_C), digit_ids=tuple(range(tt.DIGIT0, tt.DIGIT0 + tt.NUM_DIGITS)),
+      task_ids=tuple(range(tt.TASK_TOKEN0, tt.TASK_TOKEN0 + len(tt.THREE_TOKEN_TASKS))), query_id=tt.TT_QUERY,
+      class_ids=tuple(range(tt.CLASS0, tt.CLASS0 + tt.NUM_CLASSES)), latent_dim=latent_dim, hidden=hidden)

@@ -1,0 +1,326 @@
+"""UniMatrixLM: one shared matrix-state block applied ``n_steps`` times in depth (Flax NNX).
+
+The UniMatrix family of Liu Xiao (2026), "Associative-State Universal Transformers: Sparse
+Retrieval Meets Structured Recurrence", arXiv:2604.25930 (``docs/papers/unimatrix.md``),
+with the variants as presets of :class:`~jaxmem.models.unimatrix.config.UniMatrixConfig`.
+``tokens [B, T] -> logits [B, T, vocab_size]`` (float32)::
+
+    e_t  = E[x_t] (+ P_t)                                  token (+ learned position) embedding
+    r_t  = E_rosa[src_t]                                   rosa: src = x_{t−1} ("prev_token") or
+                                                           ROSA's prediction ("automaton"); 0 if none
+    h⁰_t = e_t ⊙ (1 + tanh(M r_t)) + r_t                   token-conditioned modulation + residual path
+    for n in 1..n_steps (one block, shared weights; lax.scan over depth):
+      h ← h + s_n                                          step_embed
+      h ← h + MatrixState(LN h);  [h ← h + TopKMemory(LN h)];  h ← h + FFN(LN h)
+      h ← h ⊙ (1 + σ(W_p E_deep[x_t]))                     deep_embed
+    [ACT: h = Σ_n w_n hⁿ with halting weights w (Graves 2016)]
+    sparse slots: c_t = SlotRead(q = W_q LN h_t; keys E[x_{<t−1}], values E[x_{<t}]) (read before write)
+                  h_t ← h_t + σ(W_c h_t) ⊙ W_o c_t
+    logits_t = Eᵀ LN(h_t)  [+ softplus(w_π · h_t) · Σ_n w_tn onehot(id_n)]   pointer-logit fusion
+
+**The state is reset at every depth step**: each step's mixer runs over the whole sequence
+from ``S_0 = 0`` (the kernel is a pure function of its inputs), so position ``t`` at step 2
+sees only step-1 outputs at positions ``≤ t``. The paper's released code carries the state
+from the end of one depth step into the next, which leaks future tokens;
+``tests/models/test_unimatrix.py`` checks, for every variant and option, that the logits
+at ``t`` have exactly zero gradient with respect to the (one-hot) inputs after ``t`` and do
+not change when those inputs change.
+
+Where the paper leaves a detail open (the slot query, the pointer gate's range, the merge
+rule), the choice is stated here and in ``jaxmem/models/unimatrix/README.md``: the slot query
+is a learned projection of the final hidden state (not ``E[x_{t−1}]``, which would hand the
+recall task its answer by construction), the pointer gate is ``softplus`` (unbounded, so
+fused pointer logits can dominate), and merges are the slot kernel's strength-weighted means.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxmem._checks import check_rank
+from jaxmem.kernels import rosa as rosa_kernel
+from jaxmem.kernels import slots as slot_kernel
+from jaxmem.models.mixers.matrix_state import MatrixStateConfig, MatrixStateMixer
+from jaxmem.models.mixers.topk_memory import TopKMemory, TopKMemoryConfig
+from jaxmem.models.unimatrix.config import UniMatrixConfig
+
+
+class FeedForward(nnx.Module):
+  """``W_2 GELU(W_1 x + b_1) + b_2``."""
+
+  def __init__(self, d_model: int, d_ff: int, n_layers: int, *, rngs: nnx.Rngs):
+    self.up = nnx.Linear(d_model, d_ff, rngs=rngs)
+    self.down = nnx.Linear(d_ff, d_model, rngs=rngs,
+                           kernel_init=nnx.initializers.normal(0.02 / (2 * n_layers) ** 0.5))
+
+  def __call__(self, x):
+    return self.down(jax.nn.gelu(self.up(x)))
+
+
+def matrix_state_config(cfg: UniMatrixConfig) -> MatrixStateConfig:
+  """The mixer config of ``cfg``'s block."""
+  return MatrixStateConfig(state_dim=cfg.state_dim, updates=cfg.updates, spectral_norm=cfg.spectral_norm,
+                           mode=cfg.mode, chunk_size=cfg.chunk_size, precision=cfg.precision)
+
+
+class UniMatrixBlock(nnx.Module):
+  """The shared block: ``h + MatrixState(LN h)`` [``+ TopKMemory(LN h)``], then ``+ FFN(LN h)``."""
+
+  def __init__(self, cfg: UniMatrixConfig, *, rngs: nnx.Rngs):
+    d = cfg.d_model
+    self.ln1 = nnx.LayerNorm(d, rngs=rngs)
+    self.mixer = MatrixStateMixer(matrix_state_config(cfg), d_model=d, n_heads=cfg.n_heads,
+                                  n_layers=cfg.n_steps, dtype="float32", rngs=rngs)
+    if cfg.dense_memory:
+      self.ln_m = nnx.data(nnx.LayerNorm(d, rngs=rngs))
+      self.memory = nnx.data(TopKMemory(TopKMemoryConfig(top_k=cfg.dense_top_k), d_model=d, n_heads=cfg.n_heads,
+                                        n_layers=cfg.n_steps, dtype="float32", rngs=rngs))
+    else:
+      self.ln_m, self.memory = nnx.data(None), nnx.data(None)
+    self.ln2 = nnx.LayerNorm(d, rngs=rngs)
+    self.ffn = FeedForward(d, cfg.ffn_dim, cfg.n_steps, rngs=rngs)
+
+  def __call__(self, h, initial_state=None, return_state: bool = False):
+    y, S_T = self.mixer(self.ln1(h), initial_state=initial_state, return_state=True)
+    h = h + y
+    if self.memory is not None:
+      h = h + self.memory(self.ln_m(h))
+    h = h + self.ffn(self.ln2(h))
+    return (h, S_T) if return_state else h
+
+
+def _take(table, ids_BT):
+  """``table[ids]`` with ``ids < 0`` giving the zero vector."""
+  rows = jnp.take(table, jnp.maximum(ids_BT, 0), axis=0)
+  return jnp.where((ids_BT >= 0)[..., None], rows, 0.0)
+
+
+def _select(onehot_BTV, table_VD):
+  """``onehot @ table`` at full float32 precision (a row lookup must not pass through bf16 / TF32)."""
+  return jnp.matmul(onehot_BTV, table_VD, precision=jax.lax.Precision.HIGHEST)
+
+
+class _Inputs:
+  """Token ids or one-hot rows behind one lookup: ``rows(table)``, ``prev_rows(table)``, ``ids``.
+
+  One-hot inputs (``[B, T, V]`` floats) make every embedding a matmul, so tests can take
+  gradients with respect to the inputs; the ids (their argmax) drive the discrete parts
+  (ROSA, slot ids, pointer targets).
+  """
+
+  def __init__(self, x):
+    self.onehot = x if jnp.issubdtype(x.dtype, jnp.floating) else None
+    self.ids = jnp.argmax(x, axis=-1).astype(jnp.int32) if self.onehot is not None else x.astype(jnp.int32)
+
+  def rows(self, table):
+    return _take(table, self.ids) if self.onehot is None else _select(self.onehot, table)
+
+  def prev_rows(self, table):
+    """``table[x_{t−1}]``, the zero vector at ``t = 0``."""
+    if self.onehot is None:
+      prev = jnp.pad(self.ids[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
+      return _take(table, prev)
+    return _select(jnp.pad(self.onehot[:, :-1], ((0, 0), (1, 0), (0, 0))), table)
+
+
+class UniMatrixLM(nnx.Module):
+  """The UniMatrix language model (equations in the module docstring).
+
+  ``UniMatrixLM(cfg, rngs=nnx.Rngs(0))(tokens [B, T]) -> logits [B, T, vocab_size]``;
+  ``model(tokens, return_aux=True)`` also returns ``{"ponder": [B, T]}`` (ACT's ``N + R``, else
+  ``n_steps``). :meth:`apply_onehot` takes one-hot rows ``[B, T, vocab_size]`` instead of ids.
+  """
+
+  def __init__(self, cfg: UniMatrixConfig, *, rngs: nnx.Rngs):
+    if not isinstance(cfg, UniMatrixConfig):
+      raise ValueError(f"`cfg` must be a UniMatrixConfig, got {type(cfg).__name__}.")
+    self.cfg = cfg
+    V, d = cfg.vocab_size, cfg.d_model
+    emb_init = nnx.initializers.normal(0.02)
+    self.embed = nnx.Embed(V, d, embedding_init=emb_init, rngs=rngs)
+    self.pos = nnx.data(nnx.Param(nnx.initializers.normal(0.01)(rngs.params(), (cfg.max_len, d)))
+                        if cfg.positions == "learned" else None)
+    none = nnx.data(None)
+    self.rosa_embed, self.rosa_mod = none, none
+    if cfg.rosa != "none":
+      self.rosa_embed = nnx.data(nnx.Embed(V, d, embedding_init=emb_init, rngs=rngs))
+      self.rosa_mod = nnx.data(nnx.Linear(d, d, kernel_init=nnx.initializers.zeros, rngs=rngs))
+    self.step_embed = nnx.data(nnx.Param(jnp.zeros((cfg.n_steps, d), jnp.float32)) if cfg.step_embed else None)
+    self.deep_embed, self.deep_proj = none, none
+    if cfg.deep_embed:
+      self.deep_embed = nnx.data(nnx.Embed(V, d, embedding_init=emb_init, rngs=rngs))
+      self.deep_proj = nnx.data(nnx.Linear(d, d, rngs=rngs))
+    self.block = UniMatrixBlock(cfg, rngs=rngs)
+    # ACT halting unit; bias 1 (Graves 2016, §3: a positive bias makes early halting the default)
+    self.halt = nnx.data(nnx.Linear(d, 1, bias_init=nnx.initializers.constant(1.0), rngs=rngs) if cfg.act
+                         else None)
+    self.slot_norm, self.slot_query, self.slot_out, self.slot_gate = none, none, none, none
+    self.write_gate, self.pointer_gate = none, none
+    if cfg.n_slots:
+      self.slot_norm = nnx.data(nnx.LayerNorm(d, rngs=rngs))
+      self.slot_query = nnx.data(nnx.Linear(d, d, rngs=rngs) if cfg.slot_query == "hidden" else None)
+      self.slot_out = nnx.data(nnx.Linear(d, d, rngs=rngs))
+      self.slot_gate = nnx.data(nnx.Linear(d, d, rngs=rngs))
+      if cfg.write_gate:  # starts open: σ(3) ≈ 0.95
+        self.write_gate = nnx.data(nnx.Linear(d, 1, kernel_init=nnx.initializers.zeros,
+                                              bias_init=nnx.initializers.constant(3.0), rngs=rngs))
+      if cfg.pointer:
+        self.pointer_gate = nnx.data(nnx.Linear(d, 1, bias_init=nnx.initializers.constant(1.0), rngs=rngs))
+    self.ln_f = nnx.LayerNorm(d, rngs=rngs)
+    self.head = nnx.data(None if cfg.tie_embeddings else nnx.Linear(d, V, use_bias=False, rngs=rngs))
+
+  # ------------------------------------------------------------------------------------
+  def _check_length(self, T: int):
+    if T == 0:
+      raise ValueError("`tokens` must have at least one position, got length 0.")
+    if T > self.cfg.max_len:
+      raise ValueError(f"`tokens` has length {T} > max_len={self.cfg.max_len}.")
+
+  def __call__(self, tokens_BT: jax.Array, *, return_aux: bool = False):
+    B, T = check_rank("tokens", tokens_BT, 2, "B, T")
+    tokens_BT = jnp.asarray(tokens_BT) if not isinstance(tokens_BT, jax.Array) else tokens_BT
+    if not jnp.issubdtype(tokens_BT.dtype, jnp.integer):
+      raise ValueError(f"`tokens` must be integer token ids, got dtype {tokens_BT.dtype}.")
+    self._check_length(T)
+    if not isinstance(tokens_BT, jax.core.Tracer):
+      t = np.asarray(tokens_BT)
+      if t.size and (t.min() < 0 or t.max() >= self.cfg.vocab_size):
+        bad = t[(t < 0) | (t >= self.cfg.vocab_size)].ravel()[:3].tolist()
+        raise ValueError(f"`tokens` must lie in [0, vocab_size={self.cfg.vocab_size}), got ids such as {bad}.")
+    return self._forward(_Inputs(tokens_BT), return_aux)
+
+  def apply_onehot(self, onehot_BTV: jax.Array, *, return_aux: bool = False):
+    """The forward pass on one-hot rows ``[B, T, vocab_size]`` (differentiable in them)."""
+    B, T, V = check_rank("onehot", onehot_BTV, 3, "B, T, vocab_size")
+    if V != self.cfg.vocab_size:
+      raise ValueError(f"`onehot` has {V} columns, vocab_size={self.cfg.vocab_size}.")
+    if not jnp.issubdtype(onehot_BTV.dtype, jnp.floating):
+      raise ValueError(f"`onehot` must be floating point, got dtype {onehot_BTV.dtype}.")
+    self._check_length(T)
+    return self._forward(_Inputs(onehot_BTV), return_aux)
+
+  # ------------------------------------------------------------------------------------
+  def _embed(self, inp: _Inputs):
+    cfg = self.cfg
+    T = inp.ids.shape[1]
+    h = inp.rows(self.embed.embedding[...])
+    if self.pos is not None:
+      h = h + self.pos[...][None, :T]
+    if self.rosa_embed is not None:
+      table = self.rosa_embed.embedding[...]
+      if cfg.rosa == "prev_token":
+        r = inp.prev_rows(table)
+      else:  # the token that followed the longest earlier match; -1 (none) gives 0
+        r = _take(table, rosa_kernel.rosa(jax.lax.stop_gradient(inp.ids)))
+      h = h * (1.0 + jnp.tanh(self.rosa_mod(r))) + r
+    return h
+
+  def _depth(self, h, inp: _Inputs):
+    """The shared block over ``n_steps`` depth steps (a ``lax.scan``; ACT when configured)."""
+    cfg = self.cfg
+    graphdef, state = nnx.split(self.block)
+    steps = self.step_embed[...] if self.step_embed is not None else jnp.zeros((cfg.n_steps, cfg.d_model))
+    deep = None
+    if self.deep_embed is not None:
+      deep = 1.0 + jax.nn.sigmoid(self.deep_proj(inp.rows(self.deep_embed.embedding[...])))
+
+    def step(h, s_D):
+      h = nnx.merge(graphdef, state)(h + s_D[None, None])
+      return h * deep if deep is not None else h
+
+    if cfg.carry_state:  # the paper's leak (UniMatrixConfig.carry_state): S_T of step n starts step n + 1
+      def leaky(carry, s_D):
+        h, S = carry
+        h, S = nnx.merge(graphdef, state)(h + s_D[None, None], initial_state=S, return_state=True)
+        return (h * deep if deep is not None else h, S), None
+      B = h.shape[0]
+      S0 = jnp.zeros((B, cfg.n_heads, cfg.state_dim, cfg.state_dim), jnp.float32)
+      (h, _), _ = jax.lax.scan(leaky, (h, S0), steps)
+      return h, jnp.full(h.shape[:2], float(cfg.n_steps))
+    if cfg.remat:
+      step = jax.checkpoint(step)
+    if self.halt is None:
+      h, _ = jax.lax.scan(lambda c, s: (step(c, s), None), h, steps)
+      return h, jnp.full(h.shape[:2], float(cfg.n_steps))
+    return self._act(step, h, steps)
+
+  def _act(self, step, h, steps):
+    """Adaptive Computation Time over depth (Graves 2016, eqs. 6–14; the UT's per-position halting).
+
+    At step ``n`` every position computes ``hⁿ`` (halted positions too: the block mixes over
+    all of them) and ``pⁿ = σ(w · hⁿ + b)``; a running position halts at the first ``N`` with
+    ``Σ_{n≤N} pⁿ ≥ act_threshold`` (or at the last step) and gets weights ``pⁿ`` for ``n < N``
+    and the remainder ``R = 1 − Σ_{n<N} pⁿ`` at ``N``; the output is ``Σ_n wⁿ hⁿ`` and the
+    ponder cost ``N + R``.
+    """
+    cfg = self.cfg
+    n_steps = cfg.n_steps
+    BT = h.shape[:2]
+
+    def body(carry, xs):
+      h, out, cum, running, ponder = carry
+      s_D, n = xs
+      h = step(h, s_D)
+      p = jax.nn.sigmoid(self.halt(h)[..., 0].astype(jnp.float32))
+      last = n == n_steps - 1
+      halts = running & ((cum + p >= cfg.act_threshold) | last)
+      remainder = 1.0 - cum
+      w = jnp.where(halts, remainder, jnp.where(running, p, 0.0))
+      out = out + w[..., None] * h
+      ponder = ponder + jnp.where(running, 1.0, 0.0) + jnp.where(halts, remainder, 0.0)
+      cum = jnp.where(running & ~halts, cum + p, cum)
+      return (h, out, cum, running & ~halts, ponder), None
+
+    init = (h, jnp.zeros_like(h), jnp.zeros(BT), jnp.ones(BT, bool), jnp.zeros(BT))
+    (_, out, _, _, ponder), _ = jax.lax.scan(body, init, (steps, jnp.arange(n_steps)))
+    return out, ponder
+
+  def _slots(self, h, inp: _Inputs):
+    """The sparse slot memory over the final states: context under a gate, pointer logits."""
+    cfg = self.cfg
+    table = self.embed.embedding[...]
+    z = self.slot_norm(h)
+    gate = None if self.write_gate is None else jax.nn.sigmoid(self.write_gate(z)[..., 0])
+    keys = inp.prev_rows(table)
+    query = self.slot_query(z) if cfg.slot_query == "hidden" else keys
+    read = slot_kernel.slot_memory(
+        query, keys, inp.rows(table), inp.ids, n_slots=cfg.n_slots,
+        top_k=cfg.slot_top_k, threshold=cfg.slot_threshold, temperature=cfg.slot_temperature,
+        write_gate_BT=gate, vocab_size=cfg.vocab_size if cfg.pointer else None, cos_scale=cfg.slot_cos_scale)
+    h = h + jax.nn.sigmoid(self.slot_gate(z)) * self.slot_out(read.context)
+    pointer = None
+    if self.pointer_gate is not None:
+      pointer = jax.nn.softplus(self.pointer_gate(z)) * read.pointer
+    return h, pointer
+
+  def _forward(self, inp: _Inputs, return_aux: bool):
+    h = self._embed(inp)
+    h, ponder = self._depth(h, inp)
+    pointer = None
+    if self.slot_norm is not None:
+      h, pointer = self._slots(h, inp)
+    z = self.ln_f(h)
+    logits = (self.embed.attend(z) if self.head is None else self.head(z)).astype(jnp.float32)
+    if pointer is not None:
+      logits = logits + pointer.astype(jnp.float32)
+    return (logits, {"ponder": ponder}) if return_aux else logits
+
+
+def count_params(model: nnx.Module) -> int:
+  return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def param_breakdown(model: nnx.Module) -> dict:
+  """Parameter count per top-level attribute (``embed``, ``block``, ``rosa_embed``, ...)."""
+  out: dict = {}
+  for path, x in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
+    key = getattr(path[0], "key", str(path[0]))
+    out[str(key)] = out.get(str(key), 0) + int(x.size)
+  return out
+
+
+__all__ = ["FeedForward", "UniMatrixBlock", "UniMatrixLM", "count_params", "matrix_state_config",
+           "param_breakdown"]

@@ -1,0 +1,61 @@
+"""``jaxmem bench unimatrix`` at a tiny size: the equal-parameter match and the tables' structure."""
+
+from __future__ import annotations
+
+import math
+
+from flax import nnx
+
+from jaxmem.bench import BENCHES
+from jaxmem.bench.unimatrix import TABLE_HEAD, TARGETS, bench_unimatrix, matched_transformer
+from jaxmem.models import TransformerLM, count_params
+
+
+def _tables(section: str) -> list:
+  """The Markdown tables of ``section``, each a list of rows (lists of cell strings)."""
+  tables, current = [], None
+  for line in section.splitlines():
+    if line.startswith("|"):
+      cells = [c.strip() for c in line.strip().strip("|").split("|")]
+      if current is None:
+        current = []
+        tables.append(current)
+      current.append(cells)
+    else:
+      current = None
+  return tables
+
+
+def test_matched_transformer_is_closest_at_every_depth():
+  target = 79_300  # UniMatrix-Core at the paper's sizes (max_len 128)
+  cfg, n = matched_transformer(target, 128)
+  assert (cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.max_len) == (259, 64, 4, 128)
+  # one more or one less FFN unit per layer moves the count by n_layers · (2 · 64 + 1)
+  assert abs(n - target) <= cfg.n_layers * 129 / 2
+  for n_layers in (1, 2):
+    _, n_l = matched_transformer(target, 128, layers=(n_layers,))
+    assert abs(n - target) <= abs(n_l - target)
+  # the closed-form count is the model's
+  assert n == count_params(nnx.eval_shape(lambda: TransformerLM(cfg, rngs=nnx.Rngs(0))))
+
+
+def test_bench_unimatrix_tiny_tables_have_positive_finite_ratios():
+  assert BENCHES["unimatrix"] == "jaxmem.bench.unimatrix:bench_unimatrix"
+  section = bench_unimatrix(quick=True, repeats=1, lengths=(16,), batch_tokens=32, models=("core_recurrent",))
+  train, fwd = _tables(section)
+  for table in (train, fwd):
+    assert table[0] == TABLE_HEAD and set(table[1][0]) == {"-"}
+    rows = table[2:]
+    assert [r[1].split(" ")[0] for r in rows] == ["Transformer", "Core"]
+    assert all(r[0] == "16" for r in rows)
+    assert rows[0][4] == "1.00×"
+    for r in rows:
+      assert int(r[2].replace(",", "")) > 0
+      assert float(r[3].replace(",", "")) > 0
+      ratio = float(r[4].rstrip("×"))
+      assert math.isfinite(ratio) and ratio > 0
+  # equal parameters: the matched Transformer is within one FFN unit per layer of Core
+  params = [int(r[2].replace(",", "")) for r in train[2:]]
+  assert abs(params[0] - params[1]) <= 4 * 129
+  for T in TARGETS:
+    assert f"T={T}: not run" in section

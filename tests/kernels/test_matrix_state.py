@@ -1,0 +1,427 @@
+"""matrix_state (UniMatrix Core / Discovery) vs an independent float64 numpy loop of the equations.
+
+``S_t = ρ_t S_{t−1} + (1 − ρ_t) U_t``, ``U_t = w_o k vᵀ + w_d Diag(d) + w_s ½(k vᵀ + v kᵀ)``,
+optional ``S_t ← S_t / max(1, σ_max(S_t))``, read ``o_t = S_t q_t``. Both forms (recurrent,
+chunked) are checked on values, final states and gradients, with odd lengths and state sizes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxmem.kernels import matrix_state as ms
+from jaxmem.kernels.assoc import associative_memory, auto_forward_mode
+from jaxmem.kernels.matrix_state import init, matrix_state, max_singular_value, spectral_normalize, step
+from jaxmem.kernels.precision import dot_general_precisions
+
+VARIANTS = ("core", "mix_H", "mix_BTH")
+
+
+def numpy_matrix_state(q, k, v, rho, d, mix, S0, spectral_norm=False):
+  """Per-(batch, head, token) loop in float64, straight from the equations.
+
+  Returns ``(o [B, T, H, S], S_T [B, H, S, S], sigma_pre [B, T, H])``; ``sigma_pre`` is
+  ``σ_max`` of each state before spectral normalisation (exact: ``np.linalg.norm(·, 2)``).
+  """
+  q, k, v, rho = (np.asarray(x, np.float64) for x in (q, k, v, rho))
+  B, T, H, S = q.shape
+  d = np.zeros((B, T, H, S)) if d is None else np.asarray(d, np.float64)
+  w = np.array([1.0, 0.0, 0.0]) if mix is None else np.asarray(mix, np.float64)
+  w = np.broadcast_to(w, (B, T, H, 3))
+  out, final, sigma_pre = np.zeros((B, T, H, S)), np.zeros((B, H, S, S)), np.zeros((B, T, H))
+  for b in range(B):
+    for h in range(H):
+      St = np.zeros((S, S)) if S0 is None else np.asarray(S0[b, h], np.float64).copy()
+      for t in range(T):
+        kt, vt, (wo, wd, ws) = k[b, t, h], v[b, t, h], w[b, t, h]
+        U = wo * np.outer(kt, vt) + wd * np.diag(d[b, t, h]) + ws * 0.5 * (np.outer(kt, vt) + np.outer(vt, kt))
+        St = rho[b, t, h] * St + (1.0 - rho[b, t, h]) * U
+        sigma_pre[b, t, h] = np.linalg.norm(St, 2)
+        if spectral_norm:
+          St = St / max(1.0, sigma_pre[b, t, h])
+        out[b, t, h] = St @ q[b, t, h]  # read after write
+      final[b, h] = St
+  return out, final, sigma_pre
+
+
+def make_inputs(B, T, H, S, variant="mix_BTH", seed=0, dtype=np.float32, scale=0.7):
+  """q, k, v, d ~ N(0, scale²); log ρ = log σ(z + 1); softmax mixtures; S_0 ~ N(0, 0.3²)."""
+  r = np.random.default_rng(seed)
+  q, k, v, d = (scale * r.normal(size=(B, T, H, S)) for _ in range(4))
+  log_rho = np.log(1.0 / (1.0 + np.exp(-(r.normal(size=(B, T, H)) + 1.0))))
+  mix_shape = {"core": None, "mix_H": (H, 3), "mix_BTH": (B, T, H, 3)}[variant]
+  mix = None
+  if mix_shape is not None:
+    z = r.normal(size=mix_shape)
+    mix = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+  d = None if mix is None else d
+  S0 = 0.3 * r.normal(size=(B, H, S, S))
+  cast = lambda x: None if x is None else jnp.asarray(x, dtype)
+  return tuple(cast(x) for x in (q, k, v, log_rho, d, mix, S0))
+
+
+def call(mode, q, k, v, log_rho, d, mix, S0, chunk=4, **kw):
+  return matrix_state(q, k, v, log_rho=log_rho, d=d, mix=mix, mode=mode, chunk_size=chunk,
+                      initial_state=S0, return_state=True, **kw)
+
+
+# ----------------------------------------------------------------------------------------
+# values
+
+SMALL = (1, 5, 2, 3)  # B, T, H, S shared by the smaller tests (so they share compilations)
+
+
+@pytest.mark.parametrize("T,S,chunk,variant", [(1, 3, 4, "mix_H"), (7, 5, 4, "core"), (19, 5, 8, "mix_BTH")])
+def test_recurrent_and_chunked_match_numpy_loop_with_initial_state(T, S, chunk, variant):
+  q, k, v, log_rho, d, mix, S0 = make_inputs(2, T, 3, S, variant, seed=T + S)
+  o_ref, S_ref, _ = numpy_matrix_state(q, k, v, np.exp(np.asarray(log_rho, np.float64)), d, mix, S0)
+  for mode in ("recurrent", "chunked"):
+    o, S_T = call(mode, q, k, v, log_rho, d, mix, S0, chunk=chunk)
+    assert o.shape == (2, T, 3, S) and S_T.shape == (2, 3, S, S)
+    np.testing.assert_allclose(o, o_ref, atol=2e-5, err_msg=f"{variant} {mode} o")
+    np.testing.assert_allclose(S_T, S_ref, atol=2e-5, err_msg=f"{variant} {mode} S_T")
+
+
+def test_auto_runs_the_fast_forward_and_the_chunked_derivatives_and_rho_equals_log_rho():
+  q, k, v, log_rho, d, mix, S0 = make_inputs(*SMALL, seed=3)
+  fwd = auto_forward_mode()   # recurrent on CPU
+  o_f, S_f = call(fwd, q, k, v, log_rho, d, mix, S0)
+  o_a, S_a = call("auto", q, k, v, log_rho, d, mix, S0)
+  np.testing.assert_array_equal(o_a, o_f)
+  np.testing.assert_array_equal(S_a, S_f)
+  # derivatives: exactly the chunked form's (the custom_jvp), not the forward form's
+  w = jax.random.normal(jax.random.key(9), o_a.shape)
+  def loss(q, k, mode):
+    return jnp.sum(w * call(mode, q, k, v, log_rho, d, mix, S0)[0])
+
+  grads = {m: jax.grad(loss, argnums=(0, 1))(q, k, m) for m in ("auto", "chunked")}
+  for a, c in zip(grads["auto"], grads["chunked"], strict=True):
+    np.testing.assert_array_equal(a, c)
+  for mode in ("recurrent", "chunked"):
+    o_r, S_r = matrix_state(q, k, v, jnp.exp(log_rho), d=d, mix=mix, mode=mode, chunk_size=4,
+                            initial_state=S0, return_state=True)
+    o_l, S_l = call(mode, q, k, v, log_rho, d, mix, S0)
+    np.testing.assert_allclose(o_r, o_l, atol=2e-6, err_msg=mode)
+    np.testing.assert_allclose(S_r, S_l, atol=2e-6, err_msg=mode)
+
+
+def test_core_is_the_assoc_decay_rule_with_v_as_key():
+  # Core: S_t = ρ S_{t−1} + (1 − ρ) k vᵀ is assoc's decay rule Σ value keyᵀ with key v, value k
+  q, k, v, log_rho, _, _, S0 = make_inputs(*SMALL, "core", seed=4)
+  beta = -jnp.expm1(log_rho)
+  o_a, S_a = associative_memory(q, v, k, beta, rule="decay", mode="chunked", chunk_size=4, log_decay=log_rho,
+                                initial_state=S0, return_state=True)
+  for mode in ("recurrent", "chunked"):
+    o, S_T = call(mode, q, k, v, log_rho, None, None, S0)
+    np.testing.assert_allclose(o, o_a, atol=1e-6, err_msg=mode)
+    np.testing.assert_allclose(S_T, S_a, atol=1e-6, err_msg=mode)
+
+
+def test_diag_and_sym_terms_alone_match_numpy_loop():
+  # pure diagonal (w = (0, 1, 0)) and pure symmetric (w = (0, 0, 1)) updates, so neither term
+  # hides behind the others
+  B, T, H, S = SMALL
+  q, k, v, log_rho, d, _, S0 = make_inputs(*SMALL, seed=5)
+  for w in ([0.0, 1.0, 0.0], [0.0, 0.0, 1.0]):
+    mix = jnp.broadcast_to(jnp.asarray(w, jnp.float32), (B, T, H, 3))
+    o_ref, S_ref, _ = numpy_matrix_state(q, k, v, np.exp(np.asarray(log_rho, np.float64)), d, mix, S0)
+    for mode in ("recurrent", "chunked"):
+      o, S_T = call(mode, q, k, v, log_rho, d, mix, S0)
+      np.testing.assert_allclose(o, o_ref, atol=2e-5, err_msg=f"{w} {mode}")
+      np.testing.assert_allclose(S_T, S_ref, atol=2e-5, err_msg=f"{w} {mode}")
+  # no diagonal weight: d may be omitted; the symmetric update keeps a symmetric state symmetric
+  o, S_T = call("chunked", q, k, v, log_rho, None, mix, None)
+  o_ref, S_ref, _ = numpy_matrix_state(q, k, v, np.exp(np.asarray(log_rho, np.float64)), None, mix, None)
+  np.testing.assert_allclose(o, o_ref, atol=2e-5)
+  np.testing.assert_allclose(S_T, S_ref, atol=2e-5)
+  np.testing.assert_allclose(S_T, jnp.swapaxes(S_T, -1, -2), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------
+# gradients
+
+
+def _linear_functional(fn, shapes, seed):
+  """``f(args) = ⟨c_o, o⟩ + ⟨c_S, S_T⟩`` with fixed random ``c``."""
+  r = np.random.default_rng(seed)
+  c_o, c_S = (jnp.asarray(r.normal(size=s), jnp.float32) for s in shapes)
+
+  def f(*args):
+    o, S_T = fn(*args)
+    return jnp.sum(c_o.astype(o.dtype) * o) + jnp.sum(c_S.astype(S_T.dtype) * S_T)
+
+  return f
+
+
+GRAD_NAMES = ("q", "k", "v", "log_rho", "d", "mix", "S0")
+
+
+def _directional_fd(f_np, args, i, u, eps=1e-6):
+  """Central difference of the float64 numpy function ``f_np`` along ``u`` in argument ``i``."""
+  plus = [None if a is None else np.asarray(a) for a in args]
+  minus = list(plus)
+  plus[i] = plus[i] + eps * u
+  minus[i] = minus[i] - eps * u
+  return (f_np(*plus) - f_np(*minus)) / (2 * eps)
+
+
+@pytest.mark.parametrize("variant", ("core", "mix_BTH"))
+def test_gradients_recurrent_equal_chunked_and_finite_differences(variant):
+  # float64: the two forms' gradients agree elementwise, and each argument's gradient matches a
+  # central difference of the numpy loop along a random direction; log ρ has tokens at both
+  # edges (0: frozen, −inf: reset)
+  B, T, H, S = 2, 6, 2, 3
+  with jax.enable_x64(True):
+    args = list(make_inputs(B, T, H, S, variant, seed=8, dtype=np.float64))
+    lr = args[3].at[0, 1, 0].set(0.0).at[1, 2:4, 1].set(0.0)
+    args[3] = lr.at[0, 4, 1].set(-jnp.inf).at[1, 0].set(-jnp.inf)
+    argnums = tuple(i for i, a in enumerate(args) if a is not None)
+    r = np.random.default_rng(9)
+    c_o, c_S = r.normal(size=(B, T, H, S)), r.normal(size=(B, H, S, S))
+
+    def f_np(q, k, v, log_rho, d, mix, S0):
+      o, S_T, _ = numpy_matrix_state(q, k, v, np.exp(log_rho), d, mix, S0)
+      return np.sum(c_o * o) + np.sum(c_S * S_T)
+
+    grads = {}
+    for mode in ("recurrent", "chunked"):
+      def f(*a, mode=mode):
+        o, S_T = call(mode, *a)
+        return jnp.sum(c_o * o) + jnp.sum(c_S * S_T)
+      grads[mode] = jax.jit(jax.grad(f, argnums=argnums))(*args)
+    for i, a, b in zip(argnums, grads["recurrent"], grads["chunked"], strict=True):
+      name = f"{variant} d/d{GRAD_NAMES[i]}"
+      assert a.dtype == jnp.float64 and np.all(np.isfinite(a)) and np.all(np.isfinite(b)), name
+      assert np.any(a != 0), name
+      np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11, err_msg=name)
+      u = r.normal(size=a.shape)
+      np.testing.assert_allclose(float(jnp.sum(a * u)), _directional_fd(f_np, args, i, u), rtol=1e-6,
+                                 atol=1e-8, err_msg=name)
+
+
+# ----------------------------------------------------------------------------------------
+# inference step and spectral normalisation
+
+
+def test_step_over_a_sequence_equals_the_sequence_form():
+  B, T, H, S = SMALL
+  q, k, v, log_rho, d, mix, S0 = make_inputs(*SMALL, seed=10, scale=1.5)
+  tm = lambda x: jnp.moveaxis(x, 1, 0)
+  for spectral in (False, True):
+    o_seq, S_seq = call("recurrent", q, k, v, log_rho, d, mix, S0, spectral_norm=spectral)
+
+    def body(St, x, spectral=spectral):
+      q_t, k_t, v_t, lr_t, d_t, w_t = x
+      St, o_t = step(St, q_t, k_t, v_t, log_rho_t=lr_t, d_t=d_t, mix_t=w_t, spectral_norm=spectral)
+      return St, (o_t, St)
+
+    S_T, (o_TBHS, S_TBHSS) = jax.lax.scan(body, S0, tuple(tm(x) for x in (q, k, v, log_rho, d, mix)))
+    np.testing.assert_allclose(tm(o_TBHS), o_seq, atol=1e-6, err_msg=f"spectral={spectral}")
+    np.testing.assert_allclose(S_T, S_seq, atol=1e-6, err_msg=f"spectral={spectral}")
+    sig = np.linalg.norm(np.asarray(S_TBHSS, np.float64), 2, axis=(-2, -1))
+    np.testing.assert_allclose(max_singular_value(S_TBHSS), sig, rtol=1e-5)
+    if spectral:  # σ_max(S_t) ≤ 1 along the sequence
+      assert sig.max() <= 1.0 + 1e-5
+    else:
+      assert sig.max() > 1.2  # the normalisation above had work to do
+  # from init(), ρ as a scalar, one mixture per head ([H, 3])
+  S = init(B, H, S)
+  assert S.shape == (B, H, 3, 3) and S.dtype == jnp.float32
+  w = mix[0, 0]
+  S1, o1 = jax.jit(step)(S, q[:, 0], k[:, 0], v[:, 0], 0.25, mix_t=w, d_t=d[:, 0])
+  rho = np.full((B, 1, H), 0.25)
+  o_ref, S_ref, _ = numpy_matrix_state(q[:, :1], k[:, :1], v[:, :1], rho, d[:, :1], w, None)
+  np.testing.assert_allclose(o1, o_ref[:, 0], atol=1e-6)
+  np.testing.assert_allclose(S1, S_ref, atol=1e-6)
+
+
+def test_spectral_norm_matches_numpy_loop():
+  # large inputs so that the normalisation is active on most steps
+  q, k, v, log_rho, d, mix, S0 = make_inputs(*SMALL, seed=11, scale=2.5)
+  o_ref, S_ref, sigma_pre = numpy_matrix_state(q, k, v, np.exp(np.asarray(log_rho, np.float64)), d, mix,
+                                               S0, spectral_norm=True)
+  assert (sigma_pre > 1.0).mean() > 0.5 and (sigma_pre < 1.0).any()  # both branches exercised
+  for mode in ("recurrent", "auto"):
+    o, S_T = call(mode, q, k, v, log_rho, d, mix, S0, spectral_norm=True)
+    # σ_max is exact (an SVD), so float32 rounding is the only difference
+    np.testing.assert_allclose(o, o_ref, atol=1e-5, err_msg=mode)
+    np.testing.assert_allclose(S_T, S_ref, atol=1e-5, err_msg=mode)
+
+
+def test_spectral_norm_gradients_match_finite_differences_from_zero_state():
+  # S_0 = 0 and ρ_1 = 1: S_1 = 0 exactly, the SVD of a zero matrix is differentiated
+  B, T, H, S = SMALL
+  with jax.enable_x64(True):
+    q, k, v, log_rho, d, mix, _ = make_inputs(*SMALL, seed=12, dtype=np.float64, scale=1.5)
+    log_rho = log_rho.at[:, 0].set(0.0)
+    S0 = jnp.zeros((B, H, S, S), jnp.float64)
+    r = np.random.default_rng(13)
+    c_o, c_S = r.normal(size=(B, T, H, S)), r.normal(size=(B, H, S, S))
+
+    def f_np(q, k, v, log_rho, d, mix):
+      o, S_T, _ = numpy_matrix_state(q, k, v, np.exp(log_rho), d, mix, S0, spectral_norm=True)
+      return np.sum(c_o * o) + np.sum(c_S * S_T)
+
+    sigma_pre = numpy_matrix_state(q, k, v, np.exp(log_rho), d, mix, S0, spectral_norm=True)[2]
+    assert np.all(sigma_pre[:, 0] == 0) and (sigma_pre > 1).any() and (sigma_pre[:, 1:] < 1).any()
+
+    def f_jax(q, k, v, log_rho, d, mix):
+      o, S_T = call("recurrent", q, k, v, log_rho, d, mix, S0, spectral_norm=True)
+      return jnp.sum(c_o * o) + jnp.sum(c_S * S_T)
+
+    args = (q, k, v, log_rho, d, mix)
+    grads = jax.jit(jax.grad(f_jax, argnums=tuple(range(6))))(*args)
+    for i, g in enumerate(grads):
+      assert np.all(np.isfinite(g)), GRAD_NAMES[i]
+      u = r.normal(size=args[i].shape)
+      np.testing.assert_allclose(float(jnp.sum(g * u)), _directional_fd(f_np, args, i, u), rtol=1e-6,
+                                 atol=1e-8, err_msg=GRAD_NAMES[i])
+
+
+def test_spectral_normalize_zero_small_and_large():
+  Z = jnp.zeros((2, 3, 3))
+  np.testing.assert_array_equal(spectral_normalize(Z), Z)
+  g = jax.jit(jax.grad(lambda S: jnp.sum(spectral_normalize(S) ** 2 + spectral_normalize(S))))(Z)
+  np.testing.assert_array_equal(g, jnp.ones_like(Z))  # the identity map near 0
+  g = jax.jit(jax.grad(lambda S: jnp.sum(max_singular_value(S))))(Z)
+  assert np.all(np.isfinite(g))
+  r = np.random.default_rng(14)
+  A = r.normal(size=(4, 3, 5))
+  sig = np.linalg.norm(A, 2, axis=(-2, -1))
+  out = spectral_normalize(jnp.asarray(A, jnp.float32))
+  np.testing.assert_allclose(out, A / np.maximum(sig, 1.0)[:, None, None], rtol=1e-5, atol=1e-6)
+  small = jnp.asarray(0.1 * A / sig[:, None, None], jnp.float32)
+  np.testing.assert_array_equal(spectral_normalize(small), small)
+
+
+# ----------------------------------------------------------------------------------------
+# edges of ρ
+
+
+@pytest.mark.parametrize("mode", ("recurrent", "chunked"))
+def test_rho_one_freezes_and_rho_zero_resets_the_state(mode):
+  B, T, H, S = SMALL
+  q, k, v, _, d, mix, S0 = make_inputs(*SMALL, seed=15)
+  # log ρ = 0 exactly: 1 − ρ = −expm1(0) = 0, the state stays S_0
+  o, S_T = call(mode, q, k, v, jnp.zeros((B, T, H)), d, mix, S0)
+  np.testing.assert_allclose(S_T, S0, atol=1e-7)
+  np.testing.assert_allclose(o, jnp.einsum("bhij,bthj->bthi", S0, q), atol=1e-6)
+  # log ρ = −inf: S_t = U_t
+  o, S_T = call(mode, q, k, v, jnp.full((B, T, H), -jnp.inf), d, mix, S0)
+  o_ref, S_ref, _ = numpy_matrix_state(q, k, v, np.zeros((B, T, H)), d, mix, S0)
+  np.testing.assert_allclose(o, o_ref, atol=2e-6)
+  np.testing.assert_allclose(S_T, S_ref, atol=2e-6)
+  # ρ given directly: values at 0 and 1 as with log ρ, gradients finite at both ends
+  # (log ρ at the edges: test_gradients_recurrent_equal_chunked_and_finite_differences)
+  f = lambda rho: call_rho(mode, q, k, v, rho, d, mix, S0)
+  grad = jax.jit(jax.grad(lambda rho, c: jnp.sum(c * f(rho))))
+  c = jnp.asarray(np.random.default_rng(16).normal(size=(B, T, H, S)), jnp.float32)
+  for rho, log_rho in ((0.0, -jnp.inf), (1.0, 0.0)):
+    o_l = call(mode, q, k, v, jnp.full((B, T, H), log_rho), d, mix, S0)[0]
+    np.testing.assert_allclose(f(jnp.full((B, T, H), rho)), o_l, atol=2e-6, err_msg=f"rho={rho}")
+  edges = jnp.asarray(np.array([1.0, 0.0, 1.0, 0.0, 0.5])[None, :, None] * np.ones((B, T, H)), jnp.float32)
+  for rho in (edges, jnp.zeros((B, T, H)), jnp.ones((B, T, H))):
+    g = grad(rho, c)
+    assert np.all(np.isfinite(g)) and np.any(g != 0), mode
+
+
+def call_rho(mode, q, k, v, rho, d, mix, S0):
+  return matrix_state(q, k, v, rho, d=d, mix=mix, mode=mode, chunk_size=4, initial_state=S0)
+
+
+# ----------------------------------------------------------------------------------------
+# precision, dtypes
+
+
+@pytest.mark.parametrize("mode", ("recurrent", "chunked"))
+def test_every_matmul_carries_the_precision(mode):
+  q, k, v, log_rho, d, mix, S0 = make_inputs(*SMALL, seed=17)
+  for precision, want in (("highest", jax.lax.Precision.HIGHEST), ("high", jax.lax.Precision.HIGH)):
+    f = lambda q, precision=precision: jnp.sum(call(mode, q, k, v, log_rho, d, mix, S0, precision=precision)[0])
+    for g in (f, jax.grad(f)):
+      found = dot_general_precisions(jax.make_jaxpr(g)(q))
+      assert found and all(p == (want, want) for p in found), (mode, precision, set(found))
+
+
+def test_dtypes():
+  q, k, v, log_rho, d, mix, S0 = make_inputs(*SMALL, seed=18)
+  o, S_T = call("recurrent", q.astype(jnp.bfloat16), k, v.astype(jnp.bfloat16), log_rho, d, mix,
+                S0.astype(jnp.bfloat16))
+  assert o.dtype == jnp.bfloat16 and S_T.dtype == jnp.bfloat16
+  o, S_T = matrix_state(q, k, v, log_rho=log_rho, d=d, mix=mix, mode="recurrent", return_state=True)
+  assert o.dtype == jnp.float32 and S_T.dtype == jnp.float32
+
+
+# ----------------------------------------------------------------------------------------
+# argument checks
+
+
+def _bad_calls():
+  q, k, v, log_rho, d, mix, S0 = make_inputs(1, 4, 2, 3, "mix_H", seed=19)  # mix [H, 3]
+  ok = dict(log_rho=log_rho, d=d, mix=mix)
+  run = lambda **kw: matrix_state(*kw.pop("qkv", (q, k, v)), **{**ok, **kw})
+  rho = jnp.exp(log_rho)
+  return [
+      ("q", lambda: run(qkv=(q[0], k, v))),
+      ("lengths", lambda: run(qkv=(q, k[:, :3], v))),
+      ("numbers of heads", lambda: run(qkv=(q, k, v[:, :, :1]))),
+      ("state dims", lambda: run(qkv=(q, k, v[..., :2]))),
+      ("batch sizes", lambda: run(qkv=(q, jnp.concatenate([k, k]), v))),
+      ("at least one time step", lambda: run(qkv=(q[:, :0], k[:, :0], v[:, :0]), log_rho=log_rho[:, :0],
+                                              d=d[:, :0], mode="recurrent")),
+      ("mode", lambda: run(mode="parallel")),
+      ("chunk_size", lambda: run(chunk_size=0)),
+      ("precision", lambda: run(precision="fast")),
+      ("spectral_norm", lambda: run(mode="chunked", spectral_norm=True)),
+      ("exactly one", lambda: run(log_rho=None)),
+      ("exactly one", lambda: matrix_state(q, k, v, rho, **ok)),
+      ("`rho` must lie in", lambda: matrix_state(q, k, v, rho + 1.0, d=d, mix=mix)),
+      ("`rho` must lie in", lambda: matrix_state(q, k, v, -rho, d=d, mix=mix)),
+      ("`log_rho` must be <= 0", lambda: run(log_rho=log_rho + 5.0)),
+      ("`log_rho` must be <= 0", lambda: run(log_rho=jnp.full_like(log_rho, jnp.nan))),
+      ("`log_rho` must be a scalar or have shape", lambda: run(log_rho=log_rho[0])),
+      ("`mix` must have shape", lambda: run(mix=mix[0])),
+      ("`mix` must have shape", lambda: run(mix=jnp.ones((2, 2)) / 2)),
+      ("nonnegative", lambda: run(mix=mix.at[0].set(jnp.array([1.5, -0.25, -0.25])))),
+      ("sum to 1", lambda: run(mix=2 * mix)),
+      ("`d` is required", lambda: run(d=None)),
+      ("is only used with `mix`", lambda: run(mix=None)),
+      ("`d` must have shape", lambda: run(d=d[..., :2])),
+      ("`initial_state` must have shape", lambda: run(initial_state=S0[:, :, :2])),
+      ("`d` is required with a traced", lambda: jax.jit(lambda m: run(mix=m, d=None))(mix)),
+  ]
+
+
+@pytest.mark.parametrize("index", range(len(_bad_calls())))
+def test_bad_arguments_raise_value_error(index):
+  match, fn = _bad_calls()[index]
+  with pytest.raises(ValueError, match=match):
+    fn()
+
+
+def test_bad_step_and_init_arguments_raise_value_error():
+  S = init(1, 2, 3)
+  x = jnp.ones((1, 2, 3))
+  mix = jnp.ones((2, 3)) / 3
+  with pytest.raises(ValueError, match="state_dim"):
+    init(1, 2, 0)
+  with pytest.raises(ValueError, match="state dims"):
+    step(S, x, x, jnp.ones((1, 2, 4)), 0.5)
+  with pytest.raises(ValueError, match="state"):
+    step(S[0], x, x, x, 0.5)
+  with pytest.raises(ValueError, match="exactly one"):
+    step(S, x, x, x, 0.5, log_rho_t=-1.0)
+  with pytest.raises(ValueError, match="`rho_t` must lie in"):
+    step(S, x, x, x, 1.5)
+  with pytest.raises(ValueError, match="`d_t` is required"):
+    step(S, x, x, x, 0.5, mix_t=mix)
+  with pytest.raises(ValueError, match="`mix_t` must have shape"):
+    step(S, x, x, x, 0.5, mix_t=mix[None, None], d_t=x)
+  with pytest.raises(ValueError, match="`S` must have at least 2"):
+    spectral_normalize(jnp.ones(3))
+  # a concrete mixture without diagonal weight needs no d
+  step(S, x, x, x, 0.5, mix_t=jnp.asarray([[0.5, 0.0, 0.5]] * 2))
+  assert ms.MODES == ("auto", "recurrent", "chunked")

@@ -1,0 +1,124 @@
+"""ROSA: the scanned JAX kernel == the online suffix automaton == a brute-force search."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxmem.kernels.rosa import SuffixAutomaton, rosa, rosa_automaton, rosa_automaton_batched
+
+
+def brute_force_rosa(x, none_id=-1):
+  """For each t: the longest L >= 1 with x[t-L+1..t] == x[j-L+1..j] for some j < t, the
+  most recent such j, and x[j+1]; plain Python, O(T^3)."""
+  x = [int(v) for v in x]
+  preds, lengths = [], []
+  for t in range(len(x)):
+    best_len, best_j = 0, -1
+    for j in range(t):  # ascending, so ">=" keeps the most recent j among equal lengths
+      n = 0
+      while n <= j and x[j - n] == x[t - n]:
+        n += 1
+      if n > 0 and n >= best_len:
+        best_len, best_j = n, j
+    preds.append(x[best_j + 1] if best_len > 0 else none_id)
+    lengths.append(best_len)
+  return preds, lengths
+
+
+HAND_MADE = {
+    "single": [7],
+    "two_same": [4, 4],
+    "all_distinct": [0, 1, 2, 3, 4, 5],
+    "run": [2] * 9,
+    "periodic_2": [0, 1] * 6,
+    "periodic_3": [5, 6, 7] * 4 + [5],
+    "abracadabra": [ord(c) for c in "abracadabra"],
+    "most_recent_wins": [0, 1, 0, 2, 0],  # suffix "0" ends at 0 and 2: predicts x[3] = 2
+    "longer_beats_recent": [0, 1, 2, 9, 1, 3, 0, 1],  # "0 1" (j=1, -> 2) beats "1" at j=4
+    "mississippi": [ord(c) for c in "mississippi"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(HAND_MADE))
+def test_rosa_equals_automaton_equals_brute_force_hand_made(name):
+  x = HAND_MADE[name]
+  ref_pred, ref_len = brute_force_rosa(x)
+  auto_pred, auto_len = rosa_automaton(x, return_length=True)
+  jax_pred, jax_len = rosa(jnp.asarray([x], jnp.int32), return_length=True)
+  np.testing.assert_array_equal(auto_pred, ref_pred)
+  np.testing.assert_array_equal(auto_len, ref_len)
+  np.testing.assert_array_equal(jax_pred[0], ref_pred)
+  np.testing.assert_array_equal(jax_len[0], ref_len)
+
+
+def test_hand_computed_values():
+  assert list(rosa_automaton([0, 1, 0, 2, 0])) == [-1, -1, 1, -1, 2]
+  assert list(rosa_automaton([3, 3, 3, 3])) == [-1, 3, 3, 3]
+  assert list(rosa_automaton([0, 1, 2, 9, 1, 3, 0, 1])) == [-1, -1, -1, -1, 2, -1, 1, 2]
+  pred, length = rosa_automaton([3, 3, 3, 3], return_length=True)
+  assert list(length) == [0, 1, 2, 3]
+  assert list(rosa_automaton([5, 5], none_id=99)) == [99, 5]
+  assert rosa(jnp.asarray([[1]]), none_id=-7).tolist() == [[-7]]
+
+
+@pytest.mark.parametrize("alphabet,B,T", [(2, 3, 200), (3, 2, 157), (5, 4, 61), (3, 5, 1)])
+def test_rosa_equals_automaton_equals_brute_force_random(alphabet, B, T):
+  x_BT = np.random.default_rng(alphabet * 1000 + T).integers(0, alphabet, (B, T))
+  x_BT[0, : T // 3] = x_BT[0, T // 3: 2 * (T // 3)]  # a long exact repeat
+  jax_pred, jax_len = rosa(jnp.asarray(x_BT, jnp.int32), return_length=True)
+  auto_pred, auto_len = rosa_automaton_batched(x_BT, return_length=True)
+  np.testing.assert_array_equal(jax_pred, auto_pred)
+  np.testing.assert_array_equal(jax_len, auto_len)
+  for b in range(min(B, 2)):  # the O(T^3) reference on two rows
+    ref_pred, ref_len = brute_force_rosa(x_BT[b])
+    np.testing.assert_array_equal(auto_pred[b], ref_pred)
+    np.testing.assert_array_equal(auto_len[b], ref_len)
+
+
+def test_streaming_automaton_matches_batch():
+  x = np.random.default_rng(3).integers(0, 3, 40)
+  sam = SuffixAutomaton(none_id=-2)
+  streamed = [sam.append(int(v))[0] for v in x]
+  np.testing.assert_array_equal(streamed, rosa_automaton(x, none_id=-2))
+
+
+def test_rosa_is_causal():
+  rng = np.random.default_rng(0)
+  x_BT = rng.integers(0, 3, (2, 50))
+  base = np.asarray(rosa(jnp.asarray(x_BT)))
+  for t in (0, 17, 48):
+    changed = x_BT.copy()
+    changed[:, t + 1:] = rng.integers(0, 3, changed[:, t + 1:].shape)
+    np.testing.assert_array_equal(np.asarray(rosa(jnp.asarray(changed)))[:, : t + 1], base[:, : t + 1])
+
+
+def test_rosa_jits_and_handles_dtypes():
+  x_BT = np.random.default_rng(1).integers(0, 4, (3, 33))
+  ref = rosa_automaton_batched(x_BT)
+  f = jax.jit(lambda x: rosa(x, return_length=True))
+  pred, length = f(jnp.asarray(x_BT, jnp.int32))
+  assert pred.dtype == jnp.int32 and length.dtype == jnp.int32 and pred.shape == (3, 33)
+  np.testing.assert_array_equal(pred, ref)
+  np.testing.assert_array_equal(rosa(jnp.asarray(x_BT, jnp.uint8)), ref)
+  assert rosa(jnp.zeros((2, 0), jnp.int32)).shape == (2, 0)
+  assert rosa_automaton([]).shape == (0,)
+
+
+def test_bad_input_raises():
+  with pytest.raises(ValueError, match="`tokens_BT` must have rank 2"):
+    rosa(jnp.zeros((5,), jnp.int32))
+  with pytest.raises(ValueError, match="`tokens_BT` must hold integer"):
+    rosa(jnp.zeros((1, 5), jnp.float32))
+  with pytest.raises(ValueError, match="`tokens_BT` must hold integer"):
+    rosa(jnp.zeros((1, 5), bool))
+  with pytest.raises(ValueError, match="`none_id` must be an integer"):
+    rosa(jnp.zeros((1, 5), jnp.int32), none_id=0.5)
+  with pytest.raises(ValueError, match="`tokens_T` must have rank 1"):
+    rosa_automaton(np.zeros((2, 3), np.int32))
+  with pytest.raises(ValueError, match="`tokens_T` must hold integer"):
+    rosa_automaton([0.5, 1.0])
+  with pytest.raises(ValueError, match="`tokens_BT` must have rank 2"):
+    rosa_automaton_batched(np.zeros((3,), np.int32))

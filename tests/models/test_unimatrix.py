@@ -1,0 +1,352 @@
+"""UniMatrixLM: causality for every variant and option, shared depth, ACT, pointer fusion, the
+paper's parameter counts, bad input; and the Recurrent-FFN-Hybrid and latent models."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxmem.models as models
+from jaxmem.models import TransformerConfig, TransformerLM, UniMatrixConfig, UniMatrixLM, count_params
+from jaxmem.models.unimatrix import (
+    VARIANTS,
+    RecurrentFFNHybrid,
+    RecurrentFFNHybridConfig,
+    TripleLatentConfig,
+    TripleLatentLM,
+    TypedLatentCompressor,
+    param_breakdown,
+    three_token_typed_config,
+)
+
+V, T, t0 = 19, 11, 5   # vocabulary, length, the position whose logits are checked
+TINY = dict(vocab_size=V, d_model=16, n_heads=2, state_dim=5, max_len=16, n_steps=2, chunk_size=4)
+
+
+def tiny(variant="core", **kw) -> UniMatrixConfig:
+  if variant == "sparse_pointer" or kw.get("n_slots"):
+    kw.setdefault("n_slots", 6)
+  return UniMatrixConfig(variant=variant, **{**TINY, **kw})
+
+
+def tokens(seed=1, B=2, n=T, vocab=V):
+  # a small alphabet makes repeats (ROSA matches, slot merges) likely
+  return jax.random.randint(jax.random.key(seed), (B, n), 0, min(vocab, 6))
+
+
+# every variant, and every option in some combination: ACT, DeepEmbed, both ROSA sources, step embeddings,
+# slots with / without pointer and write gate, spectral norm, dense memory, hybrid updates, no positions, remat
+CASES = [(v, {}) for v in VARIANTS] + [
+    ("core", dict(act=True, deep_embed=True, rosa="automaton", step_embed=True, remat=True)),
+    ("sparse_pointer", dict(act=True, write_gate=False, rosa="prev_token", mode="recurrent")),
+    ("sparse_pointer", dict(slot_query="prev_token", slot_cos_scale=8.0)),
+    ("core", dict(n_slots=4, pointer=True, write_gate=True, dense_memory=True, spectral_norm=True,
+                  updates="hybrid",
+                  positions="none")),
+]
+
+
+def _ids(case):
+  v, kw = case
+  return v + ("-" + "-".join(f"{k}={x}" for k, x in kw.items()) if kw else "")
+
+
+def future_gradient(model, x_BT, t: int):
+  """max |∂ logits[:, t] / ∂ onehot[:, s]| over s > t, and over s ≤ t (must be > 0: the test can see)."""
+  oh = jax.nn.one_hot(x_BT, model.cfg.vocab_size)
+  w = jax.random.normal(jax.random.key(7), (model.cfg.vocab_size,))
+  g = jax.grad(lambda o: jnp.sum(model.apply_onehot(o)[:, t] * w[None]))(oh)
+  return float(jnp.abs(g[:, t + 1:]).max()), float(jnp.abs(g[:, :t + 1]).max())
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_causal_by_gradient_and_by_changing_future_tokens(case):
+  """Logits at t: exactly zero gradient w.r.t. the one-hot inputs after t, and unchanged when they change."""
+  variant, kw = case
+  model = UniMatrixLM(tiny(variant, **kw), rngs=nnx.Rngs(0))
+  x = tokens()
+  future, past = future_gradient(model, x, t0)
+  assert future == 0.0, (case, future)
+  assert past > 0.0
+  y = model(x)
+  # the one-hot path is the token path
+  np.testing.assert_allclose(np.asarray(model.apply_onehot(jax.nn.one_hot(x, V))), np.asarray(y), rtol=1e-5,
+                             atol=1e-6)
+  for t, shift in ((0, 1), (t0, 1), (t0, 3), (T - 2, 2)):
+    x2 = x.at[:, t + 1:].set((x[:, t + 1:] + shift) % V)
+    y2 = model(x2)
+    np.testing.assert_array_equal(np.asarray(y2[:, :t + 1]), np.asarray(y[:, :t + 1]))
+    assert float(jnp.abs(y2[:, t + 1:] - y[:, t + 1:]).max()) > 0  # later positions do see them
+
+
+@pytest.mark.parametrize("variant", ["core", "discovery"])
+def test_the_papers_carried_state_leaks_and_the_checks_catch_it(variant):
+  """carry_state=True is the released code's bug (state of depth step n → step n + 1): both checks fail."""
+  model = UniMatrixLM(tiny(variant, carry_state=True), rngs=nnx.Rngs(0))
+  x = tokens()
+  future, _ = future_gradient(model, x, t0)
+  assert future > 1e-6
+  x2 = x.at[:, t0 + 1:].set((x[:, t0 + 1:] + 1) % V)
+  assert float(jnp.abs(model(x2)[:, :t0 + 1] - model(x)[:, :t0 + 1]).max()) > 1e-7
+  # and with one depth step there is nothing to carry: causal again
+  one = UniMatrixLM(tiny(variant, carry_state=True, n_steps=1), rngs=nnx.Rngs(0))
+  assert future_gradient(one, x, t0)[0] == 0.0
+
+
+def _run_block_by_hand(model: UniMatrixLM, x_BT):
+  """The documented body written out with a Python loop over depth (independent of the lax.scan)."""
+  cfg = model.cfg
+  h = model.embed(x_BT) + model.pos[...][None, :x_BT.shape[1]]
+  for n in range(cfg.n_steps):
+    if model.step_embed is not None:
+      h = h + model.step_embed[...][n][None, None]
+    h = model.block(h)
+    if model.deep_embed is not None:
+      h = h * (1 + jax.nn.sigmoid(model.deep_proj(model.deep_embed(x_BT))))
+  return model.embed.attend(model.ln_f(h))
+
+
+@pytest.mark.parametrize("variant", ["core", "discovery", "assoc"])
+def test_one_shared_block_applied_n_steps_times(variant):
+  kw = dict(rosa="none") if variant == "discovery" else {}
+  for n_steps in (1, 3):
+    model = UniMatrixLM(tiny(variant, n_steps=n_steps, **kw), rngs=nnx.Rngs(0))
+    x = tokens()
+    np.testing.assert_allclose(np.asarray(model(x)), np.asarray(_run_block_by_hand(model, x)), rtol=2e-5,
+                               atol=2e-6)
+  # depth shares parameters: only the step embeddings grow with n_steps
+  counts = [count_params(UniMatrixLM(tiny(variant, n_steps=n, **kw), rngs=nnx.Rngs(0))) for n in (1, 4)]
+  assert counts[1] - counts[0] == (3 * TINY["d_model"] if tiny(variant).step_embed else 0)
+
+
+def _with_halting_bias(model: UniMatrixLM, bias: float) -> UniMatrixLM:
+  model.halt.kernel[...] = jnp.zeros_like(model.halt.kernel[...])
+  model.halt.bias[...] = jnp.full_like(model.halt.bias[...], bias)
+  return model
+
+
+def test_act_limits_are_one_step_and_all_steps():
+  x = tokens()
+  plain = UniMatrixLM(tiny("core", n_steps=3), rngs=nnx.Rngs(0))  # same weights: the halting unit comes last
+  # p ≈ 1 at the first step: halt there with weight 1 -> exactly one block application
+  act = _with_halting_bias(UniMatrixLM(tiny("core", n_steps=3, act=True), rngs=nnx.Rngs(0)), 50.0)
+  logits, aux = act(x, return_aux=True)
+  once = act.embed.attend(act.ln_f(act.block(act.embed(x) + act.pos[...][None, :T])))
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(once), rtol=2e-5, atol=2e-6)
+  np.testing.assert_allclose(np.asarray(aux["ponder"]), 2.0, atol=1e-6)   # N + R = 1 + 1
+  # p ≈ 0: never halts early, the last step takes weight 1 -> the plain 3-step model
+  act = _with_halting_bias(UniMatrixLM(tiny("core", n_steps=3, act=True), rngs=nnx.Rngs(0)), -50.0)
+  logits, aux = act(x, return_aux=True)
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(plain(x)), rtol=2e-5, atol=2e-6)
+  np.testing.assert_allclose(np.asarray(aux["ponder"]), 4.0, atol=1e-5)   # N = 3, R ≈ 1
+
+
+def test_act_weights_sum_to_one_and_ponder_is_bounded():
+  model = UniMatrixLM(tiny("core", n_steps=4, act=True, act_threshold=0.9), rngs=nnx.Rngs(0))
+  model.halt.bias[...] = jnp.full_like(model.halt.bias[...], -0.5)  # p ≈ 0.38: halts at step 3
+  x = tokens()
+  _, aux = model(x, return_aux=True)
+  p = np.asarray(aux["ponder"])
+  assert np.all(p >= 1.0) and np.all(p <= 5.0) and np.all(np.isfinite(p))
+  # a block that returns its input (mixer output and FFN zeroed) keeps every hⁿ = h⁰: the output
+  # Σ_n wⁿ hⁿ is h⁰ exactly when the halting weights sum to 1
+  for sub in (model.block.mixer.out, model.block.ffn.down):
+    sub.kernel[...] = jnp.zeros_like(sub.kernel[...])
+    sub.bias[...] = jnp.zeros_like(sub.bias[...])
+  h = model.embed(x) + model.pos[...][None, :T]
+  np.testing.assert_allclose(np.asarray(model(x)), np.asarray(model.embed.attend(model.ln_f(h))), rtol=2e-5,
+                             atol=2e-6)
+
+
+def test_pointer_fusion_puts_mass_only_on_ids_seen_before_t():
+  cfg = tiny("sparse_pointer", write_gate=False)
+  on = UniMatrixLM(cfg, rngs=nnx.Rngs(0))
+  off = UniMatrixLM(cfg, rngs=nnx.Rngs(0))
+  for m, b in ((on, 5.0), (off, -80.0)):   # softplus(5) ≈ 5, softplus(−80) = 0 (to float32)
+    m.pointer_gate.kernel[...] = jnp.zeros_like(m.pointer_gate.kernel[...])
+    m.pointer_gate.bias[...] = jnp.full_like(m.pointer_gate.bias[...], b)
+  x = jnp.asarray([[3, 4, 3, 5, 1, 3, 4, 2, 0, 5, 3]])
+  diff = np.asarray(on(x) - off(x))[0]                               # softplus(5) · pointer
+  for t in range(x.shape[1]):
+    seen = set(np.asarray(x[0, :t]).tolist())
+    mass = diff[t]
+    assert np.all(np.abs(mass[[v for v in range(V) if v not in seen]]) < 1e-5), t
+    if seen:   # the read weights sum to 1 over the kept slots: total mass softplus(5)
+      np.testing.assert_allclose(mass.sum(), np.log1p(np.exp(5.0)), rtol=1e-4)
+    else:
+      assert np.abs(mass).max() < 1e-6
+
+
+def test_prev_token_slot_query_solves_the_papers_recall_by_construction_only_with_a_strong_cosine():
+  """Untrained SparsePointer with the slot query E[x_{t−1}] and a strong pointer vote: with the score
+  √d·cos + log(strength) the read at ANSWER finds the queried key's slot (100%); with the paper's
+  cos/√d + log(strength) the frequent filler slots outvote it."""
+  from jaxmem.tasks.unimatrix import recall_batch
+  b = recall_batch(jax.random.key(0), batch_size=32)
+  acc = {}
+  for scale in (None, 8.0):
+    m = UniMatrixLM(UniMatrixConfig(variant="sparse_pointer", vocab_size=64, max_len=128, write_gate=False,
+                                    slot_query="prev_token", slot_cos_scale=scale), rngs=nnx.Rngs(0))
+    m.pointer_gate.bias[...] = jnp.full_like(m.pointer_gate.bias[...], 5.0)
+    pred = np.asarray(m(b.inputs))[:, -1].argmax(-1)
+    acc[scale] = float((pred == np.asarray(b.targets)[:, -1]).mean())
+  assert acc[8.0] == 1.0 and acc[None] < 0.3, acc
+
+
+# --- sizes ---------------------------------------------------------------------------------
+
+PAPER = dict(vocab_size=259, d_model=64, n_steps=3, n_heads=4, state_dim=16, max_len=128)
+
+
+def test_pinned_interface_and_paper_sizes():
+  cfg = models.UniMatrixConfig(variant="core", **PAPER)
+  model = models.UniMatrixLM(cfg, rngs=nnx.Rngs(0))
+  x = jnp.zeros((2, 9), jnp.int32)
+  assert model(x).shape == (2, 9, 259) and model(x).dtype == jnp.float32
+
+
+def _core_closed_form(V, d, H, S, L, d_ff):
+  ln = 2 * d
+  mixer = (d * 3 * H * S + 3 * H * S) + (d * H + H) + (H * S * d + d) + (d * d + d)  # qkv, ρ, W_o, W_g
+  ffn = d * d_ff + d_ff + d_ff * d + d
+  return V * d + L * d + ln + mixer + ln + ffn + ln   # embed, positions, LN1, mixer, LN2, FFN, final LN
+
+
+def test_parameter_counts_at_the_papers_sizes():
+  """Ours vs the paper's (Transformer-GELU 174,848; Core 83,140; ROSA 103,876), every difference accounted."""
+  counts = {v: count_params(UniMatrixLM(UniMatrixConfig(variant=v, **PAPER),
+                                        rngs=nnx.Rngs(0))) for v in VARIANTS}
+  assert counts["core"] == _core_closed_form(259, 64, 4, 16, 128, 256) == 79_300
+  # ROSA adds a 259 × 64 previous-token table and the 64 → 64 modulation: 20,736, the paper's difference too
+  assert counts["rosa"] - counts["core"] == 259 * 64 + 64 * 64 + 64 == 103_876 - 83_140
+  # the remaining 3,840 = the paper's retention gate being per channel (64 → 64, no bias, + 4 per-head
+  # scalars) where ours is one scalar per head (64 → 4 + 4 biases), which the decay rule's kernel needs
+  assert 83_140 - counts["core"] == (64 * 64 + 4) - (64 * 4 + 4) == 3_840
+  transformer = TransformerLM(TransformerConfig(vocab_size=259, d_model=64, n_layers=3, n_heads=4, d_ff=256,
+                                                max_len=128), rngs=nnx.Rngs(0))
+  # the paper's Transformer has biases on q, k, v and the output projection: 3 layers × (192 + 64)
+  assert 174_848 - count_params(transformer) == 3 * (3 * 64 + 64) == 768
+  assert counts == {"core": 79_300, "rosa": 100_036, "discovery": 125_136, "assoc": 99_972,
+                    "sparse_pointer": 92_038}
+  assert sum(param_breakdown(UniMatrixLM(UniMatrixConfig(**PAPER), rngs=nnx.Rngs(0))).values()) == 79_300
+
+
+# --- bad input -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(variant="coreish"), "variant"),
+    (dict(n_heads=3), "n_heads=3 must divide d_model"),
+    (dict(state_dim=65), "state_dim=65 must be at most d_model"),
+    (dict(state_dim=0), "state_dim must be a positive integer"),
+    (dict(n_steps=0), "n_steps must be a positive integer"),
+    (dict(rosa="suffix"), "rosa must be one of"),
+    (dict(updates="diag"), "updates must be one of"),
+    (dict(mode="parallel"), "mode must be one of"),
+    (dict(variant="discovery", mode="chunked"), "spectral_norm=True has no chunked form"),
+    (dict(pointer=True), "need the slot memory"),
+    (dict(variant="sparse_pointer", n_slots=2, slot_top_k=4), "slot_top_k=4 must be at most n_slots=2"),
+    (dict(slot_threshold=1.5), "slot_threshold"),
+    (dict(act_threshold=0.0), "act_threshold"),
+    (dict(slot_query="key"), "slot_query must be one of"),
+    (dict(slot_cos_scale=-1.0), "slot_cos_scale"),
+    (dict(act=True, carry_state=True), "carry_state"),
+    (dict(deep_embed="yes"), "deep_embed must be a bool"),
+])
+def test_bad_configs_raise(kw, match):
+  with pytest.raises(ValueError, match=match):
+    UniMatrixConfig(**{**PAPER, **kw})
+
+
+def test_bad_inputs_raise():
+  model = UniMatrixLM(tiny(), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"tokens.*must lie in \[0, vocab_size=19\).*19"):
+    model(jnp.asarray([[1, 2, 19]]))
+  with pytest.raises(ValueError, match="must lie in"):
+    model(jnp.asarray([[-1, 2]]))
+  with pytest.raises(ValueError, match="length 17 > max_len=16"):
+    model(jnp.zeros((1, 17), jnp.int32))
+  with pytest.raises(ValueError, match="integer token ids"):
+    model(jnp.zeros((1, 4), jnp.float32))
+  with pytest.raises(ValueError, match="tokens"):
+    model(jnp.zeros((4,), jnp.int32))
+  with pytest.raises(ValueError, match="at least one position"):
+    model(jnp.zeros((1, 0), jnp.int32))
+  with pytest.raises(ValueError, match="onehot. has 5 columns"):
+    model.apply_onehot(jnp.zeros((1, 3, 5)))
+  with pytest.raises(ValueError, match="cfg"):
+    UniMatrixLM(dataclasses.asdict(tiny()), rngs=nnx.Rngs(0))
+
+
+def test_jit_and_parameter_gradients_of_the_richest_variants():
+  x = tokens()
+  for v in ("discovery", "sparse_pointer"):   # between them: every module of UniMatrixLM but the dense memory
+    model = UniMatrixLM(tiny(v), rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def loss(state, x):
+      return jnp.mean(nnx.merge(graphdef, state)(x) ** 2)
+
+    g = jax.grad(loss)(state, x)
+    leaves = jax.tree.leaves(g)
+    assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in leaves), v
+    assert sum(float(jnp.abs(leaf).sum()) for leaf in leaves) > 0, v
+
+
+# --- the other architectures ---------------------------------------------------------------
+
+def test_recurrent_ffn_hybrid_is_causal_and_sized():
+  cfg = RecurrentFFNHybridConfig(vocab_size=V, d_model=16, n_layers=2, n_heads=2, state_dim=8, max_len=16,
+                                 chunk_size=4)
+  model = RecurrentFFNHybrid(cfg, rngs=nnx.Rngs(0))
+  x = tokens()
+  y = model(x)
+  assert y.shape == (2, T, V)
+  x2 = x.at[:, t0 + 1:].set((x[:, t0 + 1:] + 1) % V)
+  np.testing.assert_array_equal(np.asarray(model(x2)[:, :t0 + 1]), np.asarray(y[:, :t0 + 1]))
+  assert float(jnp.abs(model(x2)[:, t0 + 1:] - y[:, t0 + 1:]).max()) > 0
+  # a Transformer block's FFN (d·4d + 4d + 4d·d + d) is replaced by the matrix-state block
+  d, H, S = 16, 2, 8
+  ms_block = (d * 3 * H * S + 3 * H * S) + (d * H + H) + (H * S * d + d) + (d * d + d)
+  per_layer = 2 * 2 * d + 4 * d * d + ms_block   # two LNs, attention (no biases), memory
+  assert count_params(model) == V * d + 16 * d + 2 * per_layer + 2 * d
+
+
+def test_triple_latent_lm_is_causal():
+  model = TripleLatentLM(TripleLatentConfig(vocab_size=V, d_model=16, n_layers=1, n_heads=2, state_dim=8,
+                                            max_len=16), rngs=nnx.Rngs(0))
+  x = tokens()
+  y = model(x)
+  x2 = x.at[:, t0 + 1:].set((x[:, t0 + 1:] + 1) % V)
+  np.testing.assert_array_equal(np.asarray(model(x2)[:, :t0 + 1]), np.asarray(y[:, :t0 + 1]))
+  # the triple at t reads x_{t−2}, x_{t−1}, x_t: changing x_{t−2} changes logits at t
+  x3 = x.at[:, t0 - 2].set((x[:, t0 - 2] + 1) % V)
+  assert float(jnp.abs(model(x3)[:, t0] - y[:, t0]).max()) > 0
+
+
+def test_typed_latent_reads_only_the_queried_records_digits():
+  from jaxmem.tasks import unimatrix as tt
+  cfg = three_token_typed_config()
+  model = TypedLatentCompressor(cfg, rngs=nnx.Rngs(0))
+  assert 16_000 < count_params(model) < 18_500    # the paper's "18k parameters"
+  b = tt.three_token_batch(jax.random.key(3), batch_size=8)
+  x = np.asarray(b.inputs)
+  y = np.asarray(model(jnp.asarray(x)))[:, -1]
+  cls = list(cfg.class_ids)
+  assert np.all(y[:, [i for i in range(cfg.vocab_size) if i not in cls]] == -1e9)
+  for row in range(x.shape[0]):
+    ex = tt.decode_three_token(x[row])
+    other = next(g for g in ex.records if g != ex.query)
+    pos = [i for i in range(len(x[row]) - 2) if x[row, i] == tt.TAG0 + other][0]   # that record's start
+    changed = x[row].copy()
+    changed[pos + 2] = tt.DIGIT0 + (x[row, pos + 2] - tt.DIGIT0 + 1) % 8            # another tag's a
+    np.testing.assert_array_equal(np.asarray(model(jnp.asarray(changed[None])))[0, -1], y[row])
+    q = [i for i in range(len(x[row]) - 2) if x[row, i] == tt.TAG0 + ex.query][0]
+    changed = x[row].copy()
+    changed[q + 2] = tt.DIGIT0 + (x[row, q + 2] - tt.DIGIT0 + 1) % 8                # the queried tag's a
+    assert np.abs(np.asarray(model(jnp.asarray(changed[None])))[0, -1] - y[row]).max() > 0
