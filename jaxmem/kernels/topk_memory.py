@@ -28,13 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxmem._checks import check_equal, check_finite_number, check_positive_int, check_rank
+from jaxmem.kernels.assoc import l2_normalize
 from jaxmem.kernels.precision import matmul_for
-
-_EPS = 1e-6
-
-
-def _unit(x):
-  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + _EPS)
 
 
 def topk_memory_read(q: jax.Array, k: jax.Array, v: jax.Array, *, top_k: int = 8, temperature: float = 8.0,
@@ -64,7 +59,7 @@ def topk_memory_read(q: jax.Array, k: jax.Array, v: jax.Array, *, top_k: int = 8
     raise ValueError(f"`q` must have at least one time step, got shape {tuple(q.shape)}.")
   dot = matmul_for(precision)
   acc = jnp.promote_types(jnp.result_type(q, k, v), jnp.float32)
-  qn, kn = _unit(q.astype(acc)), _unit(k.astype(acc))
+  qn, kn = l2_normalize(q.astype(acc)), l2_normalize(k.astype(acc))
   s_BHTJ = dot.einsum("bthd,bjhd->bhtj", qn, kn)
   earlier = jnp.arange(T)[:, None] > jnp.arange(T)[None, :]  # j < t: written before the read
   K = min(top_k, T)
