@@ -9,7 +9,7 @@ Smaller, e.g.:         jaxmem reproduce --quick --only unimatrix_recall \
 
 import ml_collections
 
-MODELS = ("transformer", "core", "rosa", "discovery", "assoc", "sparse_pointer")
+MODELS = ("transformer", "core", "rosa", "discovery", "assoc", "sparse_pointer", "sparse_pointer_dropout")
 
 
 def get_config(arg=None):

@@ -97,11 +97,15 @@ def _batch(B: int, T: int) -> dict:
 
 def _compiled(model: nnx.Module, batch: dict) -> tuple:
   """``(train call, forward call)``, both compiled and run once: thunks returning device arrays."""
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  graphdef, params, rngs, rest = nnx.split(model, nnx.Param, nnx.RngCount, ...)
   tx = make_optimizer(TrainConfig(n_steps=1000, warmup_steps=10))
   state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+  if jax.tree.leaves(rngs):   # a model with dropout: its counters travel in the state (as in the loop)
+    state["rngs"] = rngs
   step = jax.jit(make_train_step(graphdef, rest, lm_loss, tx))
-  forward = jax.jit(lambda p, x: nnx.merge(graphdef, p, rest)(x))
+  model.eval()                # the forward timing is inference: no dropout draws
+  egraph, _, erngs, erest = nnx.split(model, nnx.Param, nnx.RngCount, ...)
+  forward = jax.jit(lambda p, x: nnx.merge(egraph, p, erngs, erest)(x))
   train_call, fwd_call = (lambda: step(state, batch)), (lambda: forward(params, batch["inputs"]))
   jax.block_until_ready((train_call(), fwd_call()))
   return train_call, fwd_call

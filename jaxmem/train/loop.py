@@ -2,8 +2,10 @@
 
 ``train(task, cfg, workdir)`` trains any NNX model given
 
-* ``task.init_model(rngs)`` -> the module (its ``nnx.Param`` leaves are trained, any
-  other state is held constant);
+* ``task.init_model(rngs)`` -> the module (its ``nnx.Param`` leaves are trained; the
+  counters of its random streams (``nnx.RngCount``, e.g. an ``nnx.Dropout``'s) advance with
+  every step and are checkpointed, so each step draws fresh masks and a resumed run draws
+  the same ones; any other state is held constant);
 * ``task.loss_fn(model, batch)`` -> ``(scalar loss, dict of scalar metrics)``;
 * ``task.train_iter``: an iterator of numpy batches with ``get_state``/``set_state``
   (e.g. :class:`jaxmem.data.RandomWindows`);
@@ -22,6 +24,8 @@ What the loop guarantees (each is a test in tests/train/):
   is kept.
 * Metrics go to ``workdir/metrics.jsonl`` (rows after the restored step are dropped on
   resume, so the file never holds two histories); a tqdm bar shows steps/s and ETA.
+* The loss sees the module in train mode (``.train()``: dropout on), ``task.evaluate`` and
+  the returned model see a copy in eval mode (``.eval()``: dropout off).
 
 The host reads step ``t``'s metrics only after dispatching step ``t + 1`` (except at
 save / eval points), so on an accelerator the device never waits for the host.
@@ -112,17 +116,27 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
 
 
 def make_train_step(graphdef, rest, loss_fn, tx) -> Callable:
-  """The pure step ``(state, batch) -> (state, metrics)``; ``state = {step, params, opt_state}``."""
+  """The pure step ``(state, batch) -> (state, metrics)``; ``state = {step, params, opt_state}``, plus
+  ``rngs`` (the model's ``nnx.RngCount`` counters, advanced by the loss's random draws) when it has any;
+  ``graphdef`` and ``rest`` come from ``nnx.split(model, nnx.Param, nnx.RngCount, ...)``. (A model with
+  random streams split as ``nnx.split(model, nnx.Param, ...)`` would keep its counters in ``rest``, which
+  the step cannot update: flax raises ``TraceContextError``.)"""
   def step(state, batch):
     def objective(params):
-      model = nnx.merge(graphdef, params, rest)
-      return loss_fn(model, batch)
+      # fresh Variables at this trace level (the counters are mutated by the loss's draws)
+      counters = jax.tree.map(lambda x: x, state.get("rngs", nnx.State({})))
+      model = nnx.merge(graphdef, params, counters, rest)
+      loss, aux = loss_fn(model, batch)
+      return loss, (aux, nnx.state(model, nnx.RngCount))
 
-    (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(state["params"])
+    (loss, (aux, rngs)), grads = jax.value_and_grad(objective, has_aux=True)(state["params"])
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
-    return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
+    new = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
+    if "rngs" in state:
+      new["rngs"] = rngs
+    return new, metrics
   return step
 
 
@@ -186,9 +200,12 @@ def train(
   data_sharding = NamedSharding(mesh, P("data"))
 
   model = task.init_model(nnx.Rngs(cfg.seed))
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  model.train()   # the loss runs in train mode (dropout on), whatever mode init_model left
+  graphdef, params, rngs, rest = nnx.split(model, nnx.Param, nnx.RngCount, ...)
   tx = make_optimizer(cfg)
   state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+  if jax.tree.leaves(rngs):  # only models that draw random numbers (dropout) carry counters
+    state["rngs"] = rngs
   state = jax.device_put(state, replicated)
   rest = jax.device_put(rest, replicated)
 
@@ -219,7 +236,10 @@ def train(
     return out
 
   def current_model() -> nnx.Module:
-    return nnx.merge(graphdef, state["params"], rest)
+    """A copy of the module at the current parameters, in eval mode (dropout off)."""
+    model = nnx.merge(graphdef, state["params"], state.get("rngs", rngs), rest, copy=True)
+    model.eval()
+    return model
 
   end = cfg.n_steps if stop_after is None else min(cfg.n_steps, start + stop_after)
   delay = float(os.environ.get("JAXMEM_TEST_STEP_DELAY", "0") or 0)  # test hook: slow steps

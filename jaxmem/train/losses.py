@@ -8,12 +8,15 @@ loss                             used by
 :func:`recall_loss`              recall tasks: MQAR, multi-hop (``mqar``, ``assoc_depth_width``)
 :func:`sequence_loss`            masked bit-vector tasks (``dnc_tasks``: copy, repeat copy, ...)
 :func:`squared_error_loss`       one-hot read-outs (``assoc_capacity_onehot``'s trained keys)
+:func:`with_ponder_cost`         any of these plus ACT's ponder cost (``UniMatrixConfig(act=True)``)
 ================================ ============================================================
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -71,4 +74,44 @@ def squared_error_loss(y_hat_BPV: jax.Array, y_BPV: jax.Array, weight_BP: jax.Ar
   return loss, acc
 
 
-__all__ = ["LN2", "lm_loss", "masked_mean", "recall_loss", "sequence_loss", "squared_error_loss", "token_nll"]
+class _LogitsOnly:
+  """A model stand-in for a loss: ``__call__(x)`` returns the logits of ``model(x, return_aux=True)`` and
+  keeps the aux dict (the loss calls the model once; its ponder is read afterwards); every other
+  attribute is the model's."""
+
+  def __init__(self, model):
+    if "return_aux" not in inspect.signature(type(model).__call__).parameters:
+      raise ValueError(f"with_ponder_cost: {type(model).__name__}.__call__ has no return_aux argument "
+                       "(ACT's ponder comes from UniMatrixLM).")
+    self.model, self.aux = model, None
+
+  def __call__(self, x):
+    logits, self.aux = self.model(x, return_aux=True)
+    return logits
+
+  def __getattr__(self, name):
+    return getattr(self.model, name)
+
+
+def with_ponder_cost(loss_fn, tau: float):
+  """``loss_fn`` plus ACT's ponder cost: ``loss + τ · mean_{b,t}(N + R)`` (Graves 2016, eq. 14, averaged
+  over all positions, the loss's mask notwithstanding), for models called as
+  ``model(x, return_aux=True) -> (logits, {"ponder": [B, T]})`` (:class:`~jaxmem.models.UniMatrixLM`;
+  without ACT the ponder is the constant ``n_steps``). The metrics add ``ponder``. ``tau`` ≥ 0 (Graves:
+  1e-3 to 1e-1); ``loss_fn`` must call the model once."""
+  if isinstance(tau, bool) or not isinstance(tau, numbers.Real) or not 0 <= tau < math.inf:
+    raise ValueError(f"`tau` must be a finite number >= 0, got {tau!r}.")
+
+  def loss(model, batch):
+    proxy = _LogitsOnly(model)
+    value, metrics = loss_fn(proxy, batch)
+    if proxy.aux is None or "ponder" not in proxy.aux:
+      raise ValueError("with_ponder_cost: the model returned no 'ponder' (or `loss_fn` never called it).")
+    ponder = jnp.mean(proxy.aux["ponder"].astype(jnp.float32))
+    return value + tau * ponder, {**metrics, "ponder": ponder}
+
+  return loss
+
+
+__all__ = ["LN2", "lm_loss", "masked_mean", "recall_loss", "sequence_loss", "squared_error_loss", "token_nll",
+           "with_ponder_cost"]

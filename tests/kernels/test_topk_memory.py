@@ -32,7 +32,7 @@ def test_matches_numpy_loop(B, T, H, D, Dv, K):
   ks = jax.random.split(jax.random.key(T), 3)
   q, k = (jax.random.normal(kk, (B, T, H, D)) for kk in ks[:2])
   v = jax.random.normal(ks[2], (B, T, H, Dv))
-  o = topk_memory_read(q, k, v, top_k=K, temperature=8.0)
+  o = jax.jit(topk_memory_read, static_argnames=("top_k", "temperature"))(q, k, v, top_k=K, temperature=8.0)
   np.testing.assert_allclose(np.asarray(o), numpy_loop(q, k, v, K, 8.0), rtol=1e-5, atol=1e-6)
   assert np.all(np.asarray(o[:, 0]) == 0)   # nothing written before the first read
 
@@ -46,13 +46,13 @@ def test_gradients_are_finite_and_causal():
   def f(q, k, v):
     return jnp.sum(topk_memory_read(q, k, v, top_k=3)[:, t] ** 2)
 
-  gq, gk, gv = jax.grad(f, argnums=(0, 1, 2))(q, k, v)
+  gq, gk, gv = jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, k, v)
   for g in (gq, gk, gv):
     assert bool(jnp.all(jnp.isfinite(g)))
   assert float(jnp.abs(gk[:, t:]).max()) == 0 and float(jnp.abs(gv[:, t:]).max()) == 0  # j < t only
   assert float(jnp.abs(gq[:, t + 1:]).max()) == 0 and float(jnp.abs(gv[:, :t]).max()) > 0
   # empty read (t = 0): exactly zero gradient, no NaN
-  g0 = jax.grad(lambda q: jnp.sum(topk_memory_read(q, k, v)[:, 0]))(q)
+  g0 = jax.jit(jax.grad(lambda q: jnp.sum(topk_memory_read(q, k, v)[:, 0])))(q)
   assert float(jnp.abs(g0).max()) == 0
 
 

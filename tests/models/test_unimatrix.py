@@ -4,6 +4,7 @@ paper's parameter counts, bad input; and the Recurrent-FFN-Hybrid and latent mod
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -56,11 +57,26 @@ def _ids(case):
   return v + ("-" + "-".join(f"{k}={x}" for k, x in kw.items()) if kw else "")
 
 
+# compiled once per model and shape (eager dispatch of the depth scan costs seconds per call)
+forward = nnx.jit(lambda model, x: model(x))
+forward_onehot = nnx.jit(lambda model, oh: model.apply_onehot(oh))
+
+
+@functools.partial(nnx.jit, static_argnums=3)
+def _logit_gradient(model, oh, w, t: int):
+  graphdef, state = nnx.split(model)
+
+  def logit(o):   # a copy of the model at this trace level (a dropout model's RNG counter is mutated)
+    return jnp.sum(nnx.merge(graphdef, jax.tree.map(lambda a: a, state)).apply_onehot(o)[:, t] * w[None])
+
+  return jax.grad(logit)(oh)
+
+
 def future_gradient(model, x_BT, t: int):
   """max |∂ logits[:, t] / ∂ onehot[:, s]| over s > t, and over s ≤ t (must be > 0: the test can see)."""
   oh = jax.nn.one_hot(x_BT, model.cfg.vocab_size)
   w = jax.random.normal(jax.random.key(7), (model.cfg.vocab_size,))
-  g = jax.grad(lambda o: jnp.sum(model.apply_onehot(o)[:, t] * w[None]))(oh)
+  g = _logit_gradient(model, oh, w, t)
   return float(jnp.abs(g[:, t + 1:]).max()), float(jnp.abs(g[:, :t + 1]).max())
 
 
@@ -73,13 +89,13 @@ def test_causal_by_gradient_and_by_changing_future_tokens(case):
   future, past = future_gradient(model, x, t0)
   assert future == 0.0, (case, future)
   assert past > 0.0
-  y = model(x)
+  y = forward(model, x)
   # the one-hot path is the token path
-  np.testing.assert_allclose(np.asarray(model.apply_onehot(jax.nn.one_hot(x, V))), np.asarray(y), rtol=1e-5,
+  np.testing.assert_allclose(np.asarray(forward_onehot(model, jax.nn.one_hot(x, V))), np.asarray(y), rtol=1e-5,
                              atol=1e-6)
   for t, shift in ((0, 1), (t0, 1), (t0, 3), (T - 2, 2)):
     x2 = x.at[:, t + 1:].set((x[:, t + 1:] + shift) % V)
-    y2 = model(x2)
+    y2 = forward(model, x2)
     np.testing.assert_array_equal(np.asarray(y2[:, :t + 1]), np.asarray(y[:, :t + 1]))
     assert float(jnp.abs(y2[:, t + 1:] - y[:, t + 1:]).max()) > 0  # later positions do see them
 
@@ -92,10 +108,37 @@ def test_the_papers_carried_state_leaks_and_the_checks_catch_it(variant):
   future, _ = future_gradient(model, x, t0)
   assert future > 1e-6
   x2 = x.at[:, t0 + 1:].set((x[:, t0 + 1:] + 1) % V)
-  assert float(jnp.abs(model(x2)[:, :t0 + 1] - model(x)[:, :t0 + 1]).max()) > 1e-7
+  assert float(jnp.abs(forward(model, x2)[:, :t0 + 1] - forward(model, x)[:, :t0 + 1]).max()) > 1e-7
   # and with one depth step there is nothing to carry: causal again
   one = UniMatrixLM(tiny(variant, carry_state=True, n_steps=1), rngs=nnx.Rngs(0))
   assert future_gradient(one, x, t0)[0] == 0.0
+
+
+@pytest.mark.parametrize("variant, kw", [("core", dict(act=True)), ("sparse_pointer", {}),
+                                         ("assoc", dict(remat=True))])
+def test_dropout_trains_stochastic_and_causal_and_evaluates_as_the_model_without_it(variant, kw):
+  """dropout > 0: the parameters are those of dropout = 0 (same seed); train-mode calls draw new masks yet
+  stay causal (same masks replayed on changed future tokens leave earlier logits bit-identical; zero future
+  gradient); the masks inside the depth scan act (turning only the block's off changes the output); eval mode
+  is deterministic and equals the dropout-free model exactly."""
+  plain = UniMatrixLM(tiny(variant, **kw), rngs=nnx.Rngs(0))
+  model = UniMatrixLM(tiny(variant, dropout=0.3, **kw), rngs=nnx.Rngs(0))
+  for a, b in zip(jax.tree.leaves(nnx.state(plain, nnx.Param)), jax.tree.leaves(nnx.state(model, nnx.Param)),
+                  strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  x = tokens()
+  replay = nnx.clone(model)                 # the same RNG state: the next call draws the same masks
+  no_block = nnx.clone(model)
+  no_block.block.eval()                     # the same masks everywhere but inside the shared block
+  y1, y2 = forward(model, x), forward(model, x)
+  assert float(jnp.abs(y1 - y2).max()) > 0  # new masks per call
+  assert float(jnp.abs(forward(no_block, x) - y1).max()) > 0
+  x2 = x.at[:, t0 + 1:].set((x[:, t0 + 1:] + 1) % V)
+  np.testing.assert_array_equal(np.asarray(forward(replay, x2)[:, :t0 + 1]), np.asarray(y1[:, :t0 + 1]))
+  assert future_gradient(model, x, t0)[0] == 0.0
+  model.eval()
+  np.testing.assert_array_equal(np.asarray(forward(model, x)), np.asarray(forward(model, x)))
+  np.testing.assert_array_equal(np.asarray(forward(model, x)), np.asarray(forward(plain, x)))
 
 
 def _run_block_by_hand(model: UniMatrixLM, x_BT):
@@ -163,6 +206,44 @@ def test_act_weights_sum_to_one_and_ponder_is_bounded():
                              atol=2e-6)
 
 
+def test_ponder_cost_is_the_loss_plus_tau_mean_ponder_and_training_it_halts_earlier():
+  """with_ponder_cost(recall_loss, τ) = recall_loss + τ·mean(N + R) (Graves 2016, eq. 14); its gradient reaches
+  the halting unit, and descending it alone lowers the mean ponder."""
+  import optax
+
+  from jaxmem.train.losses import recall_loss, with_ponder_cost
+  model = UniMatrixLM(tiny("core", n_steps=3, act=True), rngs=nnx.Rngs(0))
+  x = tokens()
+  batch = {"inputs": x, "targets": (x + 1) % V, "mask": jnp.ones(x.shape)}
+  base, m0 = recall_loss(model, batch)
+  _, aux = model(x, return_aux=True)
+  total, m1 = with_ponder_cost(recall_loss, 0.1)(model, batch)
+  np.testing.assert_allclose(float(total), float(base) + 0.1 * float(aux["ponder"].mean()), rtol=1e-6)
+  assert m1["accuracy"] == m0["accuracy"] and float(m1["ponder"]) == pytest.approx(float(aux["ponder"].mean()))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  only_ponder = with_ponder_cost(lambda m, b: (0.0 * m(b["inputs"]).sum(), {}), 1.0)
+
+  @jax.jit
+  def sgd(params):
+    g = jax.grad(lambda p: only_ponder(nnx.merge(graphdef, p, rest), batch)[0])(params)
+    return optax.apply_updates(params, jax.tree.map(lambda a: -0.5 * a, g)), g
+
+  ponder0 = float(aux["ponder"].mean())
+  p = params
+  for i in range(5):
+    p, g = sgd(p)
+    if i == 0:
+      assert float(jnp.abs(g["halt"]["bias"][...]).max()) > 0
+  _, aux = nnx.merge(graphdef, p, rest)(x, return_aux=True)
+  assert float(aux["ponder"].mean()) < ponder0 - 0.05, (ponder0, float(aux["ponder"].mean()))
+  with pytest.raises(ValueError, match="tau"):
+    with_ponder_cost(recall_loss, -1.0)
+  with pytest.raises(ValueError, match="no return_aux argument"):
+    with_ponder_cost(recall_loss, 0.1)(TransformerLM(TransformerConfig(vocab_size=V, d_model=16, n_layers=1,
+                                                                       n_heads=2, max_len=16),
+                                                     rngs=nnx.Rngs(0)), batch)
+
+
 def test_pointer_fusion_puts_mass_only_on_ids_seen_before_t():
   cfg = tiny("sparse_pointer", write_gate=False)
   on = UniMatrixLM(cfg, rngs=nnx.Rngs(0))
@@ -193,7 +274,7 @@ def test_prev_token_slot_query_solves_the_papers_recall_by_construction_only_wit
     m = UniMatrixLM(UniMatrixConfig(variant="sparse_pointer", vocab_size=64, max_len=128, write_gate=False,
                                     slot_query="prev_token", slot_cos_scale=scale), rngs=nnx.Rngs(0))
     m.pointer_gate.bias[...] = jnp.full_like(m.pointer_gate.bias[...], 5.0)
-    pred = np.asarray(m(b.inputs))[:, -1].argmax(-1)
+    pred = np.asarray(forward(m, b.inputs))[:, -1].argmax(-1)
     acc[scale] = float((pred == np.asarray(b.targets)[:, -1]).mean())
   assert acc[8.0] == 1.0 and acc[None] < 0.3, acc
 
@@ -256,6 +337,8 @@ def test_parameter_counts_at_the_papers_sizes():
     (dict(slot_cos_scale=-1.0), "slot_cos_scale"),
     (dict(act=True, carry_state=True), "carry_state"),
     (dict(deep_embed="yes"), "deep_embed must be a bool"),
+    (dict(dropout=1.0), r"dropout must be a rate in \[0, 1\)"),
+    (dict(dropout=-0.1), "dropout must be a rate"),
 ])
 def test_bad_configs_raise(kw, match):
   with pytest.raises(ValueError, match=match):
@@ -305,11 +388,12 @@ def test_recurrent_ffn_hybrid_is_causal_and_sized():
                                  chunk_size=4)
   model = RecurrentFFNHybrid(cfg, rngs=nnx.Rngs(0))
   x = tokens()
-  y = model(x)
+  y = forward(model, x)
   assert y.shape == (2, T, V)
   x2 = x.at[:, t0 + 1:].set((x[:, t0 + 1:] + 1) % V)
-  np.testing.assert_array_equal(np.asarray(model(x2)[:, :t0 + 1]), np.asarray(y[:, :t0 + 1]))
-  assert float(jnp.abs(model(x2)[:, t0 + 1:] - y[:, t0 + 1:]).max()) > 0
+  y2 = forward(model, x2)
+  np.testing.assert_array_equal(np.asarray(y2[:, :t0 + 1]), np.asarray(y[:, :t0 + 1]))
+  assert float(jnp.abs(y2[:, t0 + 1:] - y[:, t0 + 1:]).max()) > 0
   # a Transformer block's FFN (d·4d + 4d + 4d·d + d) is replaced by the matrix-state block
   d, H, S = 16, 2, 8
   ms_block = (d * 3 * H * S + 3 * H * S) + (d * H + H) + (H * S * d + d) + (d * d + d)
@@ -321,12 +405,12 @@ def test_triple_latent_lm_is_causal():
   model = TripleLatentLM(TripleLatentConfig(vocab_size=V, d_model=16, n_layers=1, n_heads=2, state_dim=8,
                                             max_len=16), rngs=nnx.Rngs(0))
   x = tokens()
-  y = model(x)
+  y = forward(model, x)
   x2 = x.at[:, t0 + 1:].set((x[:, t0 + 1:] + 1) % V)
-  np.testing.assert_array_equal(np.asarray(model(x2)[:, :t0 + 1]), np.asarray(y[:, :t0 + 1]))
+  np.testing.assert_array_equal(np.asarray(forward(model, x2)[:, :t0 + 1]), np.asarray(y[:, :t0 + 1]))
   # the triple at t reads x_{t−2}, x_{t−1}, x_t: changing x_{t−2} changes logits at t
   x3 = x.at[:, t0 - 2].set((x[:, t0 - 2] + 1) % V)
-  assert float(jnp.abs(model(x3)[:, t0] - y[:, t0]).max()) > 0
+  assert float(jnp.abs(forward(model, x3)[:, t0] - y[:, t0]).max()) > 0
 
 
 def test_typed_latent_reads_only_the_queried_records_digits():
@@ -336,7 +420,7 @@ def test_typed_latent_reads_only_the_queried_records_digits():
   assert 16_000 < count_params(model) < 18_500    # the paper's "18k parameters"
   b = tt.three_token_batch(jax.random.key(3), batch_size=8)
   x = np.asarray(b.inputs)
-  y = np.asarray(model(jnp.asarray(x)))[:, -1]
+  y = np.asarray(forward(model, jnp.asarray(x)))[:, -1]
   cls = list(cfg.class_ids)
   assert np.all(y[:, [i for i in range(cfg.vocab_size) if i not in cls]] == -1e9)
   for row in range(x.shape[0]):
@@ -345,8 +429,8 @@ def test_typed_latent_reads_only_the_queried_records_digits():
     pos = [i for i in range(len(x[row]) - 2) if x[row, i] == tt.TAG0 + other][0]   # that record's start
     changed = x[row].copy()
     changed[pos + 2] = tt.DIGIT0 + (x[row, pos + 2] - tt.DIGIT0 + 1) % 8            # another tag's a
-    np.testing.assert_array_equal(np.asarray(model(jnp.asarray(changed[None])))[0, -1], y[row])
+    np.testing.assert_array_equal(np.asarray(forward(model, jnp.asarray(changed[None])))[0, -1], y[row])
     q = [i for i in range(len(x[row]) - 2) if x[row, i] == tt.TAG0 + ex.query][0]
     changed = x[row].copy()
     changed[q + 2] = tt.DIGIT0 + (x[row, q + 2] - tt.DIGIT0 + 1) % 8                # the queried tag's a
-    assert np.abs(np.asarray(model(jnp.asarray(changed[None])))[0, -1] - y[row]).max() > 0
+    assert np.abs(np.asarray(forward(model, jnp.asarray(changed[None])))[0, -1] - y[row]).max() > 0

@@ -107,6 +107,54 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   assert max(r["step"] for r in rows) == 7  # the bad step is never logged as a result
 
 
+class _Dropped(nnx.Module):
+  """A linear map under dropout 0.5: every training call draws a mask from the model's dropout stream."""
+
+  def __init__(self, rngs):
+    self.lin = nnx.Linear(3, 16, rngs=rngs)
+    self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+  def __call__(self, x):
+    return self.drop(self.lin(x)).sum(-1, keepdims=True)
+
+
+def _mse_and_mask(model, batch):
+  # which of the 16 units the mask kept, as one number (a mask id)
+  kept = (model.drop(jnp.ones(16)) > 0).astype(jnp.float32) @ (2.0 ** jnp.arange(16))
+  return jnp.mean((model(batch["x"]) - batch["y"]) ** 2), {"mask_id": kept}
+
+
+def test_dropout_draws_a_new_mask_every_step_resumes_them_and_evaluates_without(tmp_path):
+  """The loop advances the model's RNG counters each step (not one frozen mask), checkpoints them (a resumed
+  run draws the uninterrupted run's masks, not step 1's again), and evaluates in eval mode (dropout off)."""
+  seen = []
+
+  def evaluate(model, step):
+    x = jnp.ones((2, 3))
+    seen.append(bool(jnp.all(model(x) == model.lin(x).sum(-1, keepdims=True))))
+    return {}
+
+  cfg = TrainConfig(n_steps=6, lr=0.01, warmup_steps=0, ckpt_every=3, log_every=1, eval_every=3)
+
+  def run(workdir, **kw):
+    task = TrainTask(init_model=lambda r: _Dropped(nnx.Rngs(0, dropout=1)), loss_fn=_mse_and_mask,
+                     train_iter=_Batches(-1), evaluate=evaluate)
+    return train(task, cfg, workdir, progress=False, **kw)
+
+  straight = run(tmp_path / "a")
+  run(tmp_path / "b", stop_after=3)
+  resumed = run(tmp_path / "b")
+  assert resumed.resumed_from == 3
+  masks = [r["mask_id"] for r in read_metrics(tmp_path / "a" / "metrics.jsonl") if "mask_id" in r]
+  assert len(masks) == 6 and len(set(masks)) == 6, masks
+  assert masks == [r["mask_id"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl") if "mask_id" in r]
+  for a, b in zip(params_of(straight.model), params_of(resumed.model), strict=True):
+    np.testing.assert_array_equal(a, b)
+  assert seen and all(seen)
+  x = jnp.ones((2, 3))
+  np.testing.assert_array_equal(straight.model(x), straight.model(x))   # the returned model: eval mode
+
+
 def test_unwritable_workdir_raises_value_error(tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("not a folder")

@@ -84,6 +84,10 @@ class UniMatrixConfig:
       reach ``act_threshold``; the output is the halting-weighted mix of the depth states.
     act_threshold: ``1 − ε`` of ACT (0.99).
     remat: recompute each depth step in the backward pass (``jax.checkpoint``).
+    dropout: rate of dropout on the embedding and on every residual branch's output (mixer,
+      dense memory, FFN, slot context); 0 (the default) builds none. Active in train mode
+      (the training loop threads the RNG and evaluates in eval mode); ``model.eval()`` turns
+      it off. The paper's SparsePointer recall reports 75.6% with 0.1 and 99.2% without.
     carry_state: **reproduces the paper's released-code bug, for studying it only**: the
       matrix state left at the end of depth step ``n`` (after the *last* token) initialises
       step ``n + 1``, so every position at step ≥ 2 sees the whole sequence. Off by
@@ -121,6 +125,7 @@ class UniMatrixConfig:
   act: bool = False
   act_threshold: float = 0.99
   remat: bool = False
+  dropout: float = 0.0
   carry_state: bool = False
 
   def __post_init__(self):
@@ -178,6 +183,8 @@ class UniMatrixConfig:
     if not (number(self.slot_temperature) and 0 < self.slot_temperature < float("inf")):
       raise ValueError(f"UniMatrixConfig.slot_temperature must be finite and > 0, "
                        f"got {self.slot_temperature!r}.")
+    if not (number(self.dropout) and 0.0 <= self.dropout < 1.0):
+      raise ValueError(f"UniMatrixConfig.dropout must be a rate in [0, 1), got {self.dropout!r}.")
     if not (number(self.act_threshold) and 0.0 < self.act_threshold <= 1.0):
       raise ValueError(f"UniMatrixConfig.act_threshold must be in (0, 1], got {self.act_threshold!r}.")
 

@@ -82,14 +82,23 @@ class UniMatrixBlock(nnx.Module):
       self.ln_m, self.memory = nnx.data(None), nnx.data(None)
     self.ln2 = nnx.LayerNorm(d, rngs=rngs)
     self.ffn = FeedForward(d, cfg.ffn_dim, cfg.n_steps, rngs=rngs)
+    self.drop = nnx.data(nnx.Dropout(cfg.dropout) if cfg.dropout else None)
 
-  def __call__(self, h, initial_state=None, return_state: bool = False):
+  def __call__(self, h, initial_state=None, return_state: bool = False, key=None):
+    """``key``: this step's dropout key (None: no dropout; see :class:`UniMatrixLM`)."""
     y, S_T = self.mixer(self.ln1(h), initial_state=initial_state, return_state=True)
-    h = h + y
+    h = h + _dropout(self.drop, y, key, 0)
     if self.memory is not None:
-      h = h + self.memory(self.ln_m(h))
-    h = h + self.ffn(self.ln2(h))
+      h = h + _dropout(self.drop, self.memory(self.ln_m(h)), key, 1)
+    h = h + _dropout(self.drop, self.ffn(self.ln2(h)), key, 2)
     return (h, S_T) if return_state else h
+
+
+def _dropout(drop, x, key, site: int):
+  """``drop(x)`` with the key ``fold_in(key, site)``; ``x`` when there is no dropout or no key (eval)."""
+  if drop is None or key is None:
+    return x
+  return drop(x, rngs=jax.random.fold_in(key, site))
 
 
 def _take(table, ids_BT):
@@ -132,6 +141,8 @@ class UniMatrixLM(nnx.Module):
   ``UniMatrixLM(cfg, rngs=nnx.Rngs(0))(tokens [B, T]) -> logits [B, T, vocab_size]``;
   ``model(tokens, return_aux=True)`` also returns ``{"ponder": [B, T]}`` (ACT's ``N + R``, else
   ``n_steps``). :meth:`apply_onehot` takes one-hot rows ``[B, T, vocab_size]`` instead of ids.
+  With ``cfg.dropout > 0`` every call in train mode (the default) draws new masks from the
+  model's dropout stream; ``model.eval()`` makes calls deterministic.
   """
 
   def __init__(self, cfg: UniMatrixConfig, *, rngs: nnx.Rngs):
@@ -171,6 +182,10 @@ class UniMatrixLM(nnx.Module):
         self.pointer_gate = nnx.data(nnx.Linear(d, 1, bias_init=nnx.initializers.constant(1.0), rngs=rngs))
     self.ln_f = nnx.LayerNorm(d, rngs=rngs)
     self.head = nnx.data(None if cfg.tie_embeddings else nnx.Linear(d, V, use_bias=False, rngs=rngs))
+    # dropout (cfg.dropout > 0): one key per call from this stream, split over depth steps and sites.
+    # Forked last, so that the parameters are those of the same config without dropout.
+    self.drop = nnx.data(nnx.Dropout(cfg.dropout) if cfg.dropout else None)
+    self.dropout_rng = nnx.data(rngs.dropout.fork() if cfg.dropout else None)
 
   # ------------------------------------------------------------------------------------
   def _check_length(self, T: int):
@@ -218,36 +233,39 @@ class UniMatrixLM(nnx.Module):
       h = h * (1.0 + jnp.tanh(self.rosa_mod(r))) + r
     return h
 
-  def _depth(self, h, inp: _Inputs):
+  def _depth(self, h, inp: _Inputs, key=None):
     """The shared block over ``n_steps`` depth steps (a ``lax.scan``; ACT when configured)."""
     cfg = self.cfg
     graphdef, state = nnx.split(self.block)
     steps = self.step_embed[...] if self.step_embed is not None else jnp.zeros((cfg.n_steps, cfg.d_model))
+    # (step embedding, dropout key) per depth step; no keys without dropout
+    xs = (steps, None if key is None else jax.random.split(key, cfg.n_steps))
     deep = None
     if self.deep_embed is not None:
       deep = 1.0 + jax.nn.sigmoid(self.deep_proj(inp.rows(self.deep_embed.embedding[...])))
 
-    def step(h, s_D):
-      h = nnx.merge(graphdef, state)(h + s_D[None, None])
+    def step(h, x):
+      s_D, k = x
+      h = nnx.merge(graphdef, state)(h + s_D[None, None], key=k)
       return h * deep if deep is not None else h
 
     if cfg.carry_state:  # the paper's leak (UniMatrixConfig.carry_state): S_T of step n starts step n + 1
-      def leaky(carry, s_D):
-        h, S = carry
-        h, S = nnx.merge(graphdef, state)(h + s_D[None, None], initial_state=S, return_state=True)
+      def leaky(carry, x):
+        (h, S), (s_D, k) = carry, x
+        h, S = nnx.merge(graphdef, state)(h + s_D[None, None], initial_state=S, return_state=True, key=k)
         return (h * deep if deep is not None else h, S), None
       B = h.shape[0]
       S0 = jnp.zeros((B, cfg.n_heads, cfg.state_dim, cfg.state_dim), jnp.float32)
-      (h, _), _ = jax.lax.scan(leaky, (h, S0), steps)
+      (h, _), _ = jax.lax.scan(leaky, (h, S0), xs)
       return h, jnp.full(h.shape[:2], float(cfg.n_steps))
     if cfg.remat:
       step = jax.checkpoint(step)
     if self.halt is None:
-      h, _ = jax.lax.scan(lambda c, s: (step(c, s), None), h, steps)
+      h, _ = jax.lax.scan(lambda c, x: (step(c, x), None), h, xs)
       return h, jnp.full(h.shape[:2], float(cfg.n_steps))
-    return self._act(step, h, steps)
+    return self._act(step, h, xs)
 
-  def _act(self, step, h, steps):
+  def _act(self, step, h, xs):
     """Adaptive Computation Time over depth (Graves 2016, eqs. 6–14; the UT's per-position halting).
 
     At step ``n`` every position computes ``hⁿ`` (halted positions too: the block mixes over
@@ -260,10 +278,10 @@ class UniMatrixLM(nnx.Module):
     n_steps = cfg.n_steps
     BT = h.shape[:2]
 
-    def body(carry, xs):
+    def body(carry, x):
       h, out, cum, running, ponder = carry
-      s_D, n = xs
-      h = step(h, s_D)
+      step_x, n = x
+      h = step(h, step_x)
       p = jax.nn.sigmoid(self.halt(h)[..., 0].astype(jnp.float32))
       last = n == n_steps - 1
       halts = running & ((cum + p >= cfg.act_threshold) | last)
@@ -275,10 +293,10 @@ class UniMatrixLM(nnx.Module):
       return (h, out, cum, running & ~halts, ponder), None
 
     init = (h, jnp.zeros_like(h), jnp.zeros(BT), jnp.ones(BT, bool), jnp.zeros(BT))
-    (_, out, _, _, ponder), _ = jax.lax.scan(body, init, (steps, jnp.arange(n_steps)))
+    (_, out, _, _, ponder), _ = jax.lax.scan(body, init, (xs, jnp.arange(n_steps)))
     return out, ponder
 
-  def _slots(self, h, inp: _Inputs):
+  def _slots(self, h, inp: _Inputs, key=None):
     """The sparse slot memory over the final states: context under a gate, pointer logits."""
     cfg = self.cfg
     table = self.embed.embedding[...]
@@ -290,18 +308,22 @@ class UniMatrixLM(nnx.Module):
         query, keys, inp.rows(table), inp.ids, n_slots=cfg.n_slots,
         top_k=cfg.slot_top_k, threshold=cfg.slot_threshold, temperature=cfg.slot_temperature,
         write_gate_BT=gate, vocab_size=cfg.vocab_size if cfg.pointer else None, cos_scale=cfg.slot_cos_scale)
-    h = h + jax.nn.sigmoid(self.slot_gate(z)) * self.slot_out(read.context)
+    h = h + jax.nn.sigmoid(self.slot_gate(z)) * _dropout(self.drop, self.slot_out(read.context), key, 0)
     pointer = None
     if self.pointer_gate is not None:
       pointer = jax.nn.softplus(self.pointer_gate(z)) * read.pointer
     return h, pointer
 
   def _forward(self, inp: _Inputs, return_aux: bool):
-    h = self._embed(inp)
-    h, ponder = self._depth(h, inp)
+    key = None   # train mode with dropout: one key per call -> embedding, depth steps, slot context
+    if self.drop is not None and not self.drop.deterministic:
+      key = self.dropout_rng()
+    keys = (None,) * 3 if key is None else tuple(jax.random.split(key, 3))
+    h = _dropout(self.drop, self._embed(inp), keys[0], 0)
+    h, ponder = self._depth(h, inp, keys[1])
     pointer = None
     if self.slot_norm is not None:
-      h, pointer = self._slots(h, inp)
+      h, pointer = self._slots(h, inp, keys[2])
     z = self.ln_f(h)
     logits = (self.embed.attend(z) if self.head is None else self.head(z)).astype(jnp.float32)
     if pointer is not None:

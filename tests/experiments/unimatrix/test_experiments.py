@@ -65,22 +65,23 @@ def numpy_last_position_accuracy(model, stream, n_batches, group=None):
 def test_recall_experiment_tiny(tmp_path, monkeypatch):
   kept = keep_models(monkeypatch, recall)
   out = tmp_path / "r"
-  args = ["--config.unimatrix_recall.models=('core','sparse_pointer')", "--config.unimatrix_recall.seq_len=24",
-          "--config.unimatrix_recall.train_steps=3", "--config.unimatrix_recall.batch_size=4",
-          "--config.unimatrix_recall.eval_batches=1", "--config.unimatrix_recall.ablation_pairs=(3,)",
-          "--config.unimatrix_recall.ablation_rows=(3,)"]
+  R = "--config.unimatrix_recall."
+  args = [R + "models=('core','sparse_pointer_dropout')", R + "seq_len=24", R + "train_steps=3",
+          R + "batch_size=4", R + "eval_batches=1", R + "ablation_pairs=(3,)", R + "ablation_rows=(3,)"]
   assert main(["reproduce", "--quick", "--only", "unimatrix_recall", "--out", str(out), "--no_progress",
                *args]) == 0
   report = (out / "REPORT.md").read_text()
   assert "| unimatrix_recall | ok |" in report and "32 slots, no pointer" in report
   results = json.loads((out / "unimatrix_recall" / "results.json").read_text())
-  for name, tag in (("core", "core_p4"), ("sparse_pointer", "sparse_pointer_p4"),
+  # (the dropout model is scored in eval mode: the numpy recount of its returned model agrees exactly)
+  for name, tag in (("core", "core_p4"), ("sparse_pointer_dropout", "sparse_pointer_dropout_p4"),
                     ("ablation/32 slots, no pointer/p3", "ablation3_p3")):
     pairs = 3 if "ablation" in name else 4
     held = tt.recall_stream(recall.EVAL_SEED, batch_size=recall.EVAL_BATCH, num_pairs=pairs, seq_len=24)
     ours = numpy_last_position_accuracy(kept[tag], held, 1)["all"]
     assert abs(results[name]["accuracy"] - ours) < 1e-9, (name, results[name]["accuracy"], ours)
   assert not kept["ablation3_p3"].cfg.pointer and kept["ablation3_p3"].cfg.n_slots == 32
+  assert kept["sparse_pointer_dropout_p4"].cfg.dropout == 0.1 and kept["ablation3_p3"].cfg.dropout == 0.0
   core = results["core"]
   assert f"| UniMatrix-Core | {core['params']:,} | {100 * core['accuracy']:.1f} |" in report
 
