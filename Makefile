@@ -1,4 +1,4 @@
-# Two commands set everything up on a fresh machine with Python 3.10+:
+# Two commands set everything up on a fresh machine with Python 3.11+ (JAX >= 0.7 needs it):
 #   make demo   -> .venv, install, `jaxmem reproduce --quick --only $(DEMO)` (reports/quick/REPORT.md)
 #   make test   -> .venv, install .[dev], the test suite
 # A second run reinstalls nothing unless pyproject.toml or constraints.txt changed.
@@ -15,7 +15,7 @@ WORKERS ?= 2
 .PHONY: demo test install install-dev bench lint clean
 
 $(BIN)/python:
-	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "jaxmem needs Python >= 3.10"'
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "jaxmem needs Python >= 3.11"'
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python

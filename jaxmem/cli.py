@@ -21,6 +21,9 @@ def _parser() -> argparse.ArgumentParser:
   t.add_argument("--stop_after", type=int, default=None,
                  help="stop after this many steps of this invocation (resume later)")
   t.add_argument("--no_progress", action="store_true", help="no progress bar")
+  t.add_argument("--distributed", action="store_true",
+                 help="call jax.distributed.initialize() first (multi-host; same as JAXMEM_DISTRIBUTED=1; "
+                      "off TPU set JAXMEM_COORDINATOR=host:port, JAXMEM_NUM_PROCESSES, JAXMEM_PROCESS_ID)")
 
   e = sub.add_parser("eval", help="bits per byte of a trained LM on a split")
   e.add_argument("--workdir", required=True)
@@ -72,9 +75,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _dispatch(args, overrides) -> int:
-  if os.environ.get("JAXMEM_DISTRIBUTED") == "1":  # multi-host TPU: set by tpu_scripts/launch.sh
-    import jax
-    jax.distributed.initialize()
+  if getattr(args, "distributed", False) or os.environ.get("JAXMEM_DISTRIBUTED") == "1":
+    from jaxmem import distributed  # multi-host: tpu_scripts/launch.sh sets JAXMEM_DISTRIBUTED=1
+    distributed.initialize(force=True)
   if args.command == "train":
     from jaxmem import config_files
     from jaxmem.data import CorpusNotFoundError

@@ -26,12 +26,15 @@ def markdown_table(headers: Sequence, rows: Sequence) -> str:
 
 
 def save_figure(fig, path: str | pathlib.Path, dpi: int = 110) -> pathlib.Path:
-  """Lays out, saves (creating the folder) and closes a matplotlib figure; returns its path."""
+  """Lays out, saves (creating the folder) and closes a matplotlib figure; returns its path.
+  In a multi-process run only process 0 writes."""
+  import jax
   import matplotlib.pyplot as plt
   path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.tight_layout()
-  fig.savefig(path, dpi=dpi)
+  if jax.process_index() == 0:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
   plt.close(fig)
   return path
 

@@ -1,9 +1,9 @@
 """Training and evaluation windows over a byte stream.
 
-* Training: :class:`RandomWindows`, random windows whose batch at position ``p`` is a
-  pure function of ``(seed, p, process_index)``. Its state is ``{seed, position}``, so a
-  checkpoint restores the exact iterator, and each host of a multi-host run draws its
-  own slice of the global batch.
+* Training: :class:`RandomWindows`, random windows whose global batch at position ``p`` is a
+  pure function of ``(seed, p)``. Its state is ``{seed, position}``, so a checkpoint restores
+  the exact iterator; process ``i`` of ``n`` returns rows ``[i·B/n, (i+1)·B/n)`` of the global
+  batch, so a run on any number of processes trains on the same batches.
 * Evaluation: :func:`eval_windows`, deterministic, non-overlapping windows whose
   targets cover every byte after the first exactly once (the last window is padded and
   masked), so bits-per-byte is over the whole split.
@@ -41,12 +41,22 @@ class PositionedBatches:
 
 
 class RandomWindows(PositionedBatches):
-  """Random ``(inputs, targets)`` windows of ``seq_len`` bytes; ``targets`` is shifted by 1."""
+  """Random ``(inputs, targets)`` windows of ``seq_len`` bytes; ``targets`` is shifted by 1.
+
+  ``batch_size`` is the global batch; with ``process_count = n`` each batch holds this process's
+  ``batch_size / n`` rows of it (``process_index`` picks which).
+  """
 
   def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int = 0,
-               *, process_index: int = 0):
+               *, process_index: int = 0, process_count: int = 1):
     check_positive_int("seq_len", seq_len)
     check_positive_int("batch_size", batch_size)
+    check_positive_int("process_count", process_count)
+    if batch_size % process_count:
+      raise ValueError(f"`batch_size`={batch_size} is not divisible by `process_count`={process_count}.")
+    if isinstance(process_index, bool) or not isinstance(process_index, (int, np.integer)) \
+        or not 0 <= process_index < process_count:
+      raise ValueError(f"`process_index`={process_index!r} must be an int in [0, {process_count}).")
     tokens = np.asarray(tokens)
     if tokens.ndim != 1:
       raise ValueError(f"`tokens` must be 1-D, got shape {tokens.shape}.")
@@ -57,6 +67,7 @@ class RandomWindows(PositionedBatches):
     self.tokens = tokens.astype(np.int32)
     self.seq_len, self.batch_size = seq_len, batch_size
     self.seed, self.process_index, self.position = int(seed), int(process_index), 0
+    self.process_count = int(process_count)
 
   def set_state(self, state: dict) -> None:
     if int(state["seed"]) != self.seed:
@@ -64,8 +75,11 @@ class RandomWindows(PositionedBatches):
     self.position = int(state["position"])
 
   def batch_at(self, position: int) -> dict:
-    rng = np.random.default_rng([self.seed, position, self.process_index])
+    # the global batch's starts (the trailing 0 keeps the single-process stream of earlier versions)
+    rng = np.random.default_rng([self.seed, position, 0])
     starts = rng.integers(0, self.tokens.shape[0] - self.seq_len, size=self.batch_size)
+    local = self.batch_size // self.process_count
+    starts = starts[self.process_index * local:(self.process_index + 1) * local]
     idx = starts[:, None] + np.arange(self.seq_len + 1)[None, :]
     window = self.tokens[idx]
     return {"inputs": window[:, :-1], "targets": window[:, 1:]}

@@ -84,8 +84,9 @@ def reproduce(outdir: str | pathlib.Path, *, quick: bool, only: Optional[Sequenc
       f"{jax.device_count()}× {jax.devices()[0].platform} · python {platform.python_version()}\n\n"
       f"{overview}\n"
   )
-  (outdir / "REPORT.md").write_text(header + "\n" + "\n".join(sections))
-  (outdir / "results.json").write_text(json.dumps(status, indent=2))
+  if jax.process_index() == 0:  # multi-process: every process runs the experiments, process 0 reports
+    (outdir / "REPORT.md").write_text(header + "\n" + "\n".join(sections))
+    (outdir / "results.json").write_text(json.dumps(status, indent=2))
   return status
 
 

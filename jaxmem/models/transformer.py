@@ -24,6 +24,8 @@ from jaxmem._checks import check_config_ints, check_rank
 from jaxmem.models import mixers
 from jaxmem.models.mixers import MixerConfig, SoftmaxConfig
 from jaxmem.models.mixers.qkv import ShortConv  # noqa: F401  (re-exported: it used to live here)
+from jaxmem.models.remat import check_remat_policy, name_mixer_output
+from jaxmem.models.remat import policy as remat_policy
 
 MixerSpec = Union[MixerConfig, tuple]
 
@@ -41,6 +43,8 @@ class TransformerConfig:
     max_len: longest sequence the learned positions cover.
     tie_embeddings: read logits with the transposed input embedding.
     remat: recompute each block in the backward pass (``jax.checkpoint``).
+    remat_policy: what ``remat`` may keep: "full" (nothing), "dots", "mixer" (the memory read) or
+      "mixer_and_dots" (:mod:`jaxmem.models.remat`).
     dtype: compute dtype of activations ("float32" or "bfloat16"); parameters stay
       float32 and the loss is computed in float32.
     mixer: the token mixer of every block — a config registered in
@@ -64,6 +68,7 @@ class TransformerConfig:
   max_len: int = 256
   tie_embeddings: bool = True
   remat: bool = False
+  remat_policy: str = "full"
   dtype: str = "float32"
   mixer: MixerSpec = SoftmaxConfig()
   input_dim: int = 0
@@ -77,6 +82,7 @@ class TransformerConfig:
       raise ValueError(
           f"TransformerConfig.n_heads={self.n_heads} must divide d_model={self.d_model}."
       )
+    check_remat_policy("TransformerConfig", self.remat_policy)
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"TransformerConfig.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}.")
     if self.positions not in ("learned", "sinusoidal", "none"):
@@ -136,7 +142,7 @@ class Block(nnx.Module):
     self.ffn = FeedForward(cfg, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    x = x + self.attn(self.ln1(x))
+    x = x + name_mixer_output(self.attn(self.ln1(x)))
     return x + self.ffn(self.ln2(x))
 
 
@@ -200,7 +206,7 @@ class TransformerLM(nnx.Module):
     """Blocks, final norm and read-out; separate so tests can differentiate w.r.t. inputs."""
     body = lambda blk, h: blk(h)
     if self.cfg.remat:
-      body = nnx.remat(body)
+      body = nnx.remat(body, policy=remat_policy(self.cfg.remat_policy))
 
     @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
     def run_blocks(blocks, h: jax.Array) -> jax.Array:

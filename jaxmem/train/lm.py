@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import pathlib
 from typing import Optional
@@ -16,7 +17,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxmem import config_files
+from jaxmem import config_files, distributed
 from jaxmem.data import RandomWindows, eval_windows, load_corpus
 from jaxmem.data.corpora import Corpus
 from jaxmem.models.transformer import TransformerLM
@@ -37,22 +38,26 @@ def evaluate_bpb(model: nnx.Module, tokens: np.ndarray, seq_len: int, batch_size
   """Bits per byte over deterministic non-overlapping windows of ``tokens``.
 
   Every byte after the first is predicted exactly once (or the first ``max_windows``
-  windows only, when > 0). Batches are sharded over the ``data`` mesh axis.
+  windows only, when > 0). Batches are sharded over the ``data`` mesh axis; in a multi-process
+  run every process calls this and feeds its own rows of each batch.
   """
   w = eval_windows(tokens, seq_len)
   if max_windows:
     w = {k: v[:max_windows] for k, v in w.items()}
   mesh = loop.make_mesh() if mesh is None else mesh
-  n_dev = mesh.devices.size
-  bs = -(-batch_size // n_dev) * n_dev
+  n_data, n_proc, proc = mesh.shape["data"], jax.process_count(), jax.process_index()
+  step = math.lcm(n_data, n_proc)
+  bs = -(-batch_size // step) * step
   n = w["inputs"].shape[0]
   pad = (-n) % bs
   w = {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in w.items()}
   graphdef, state = nnx.split(model)
   sharding = NamedSharding(mesh, P("data"))
+  local = bs // n_proc
   total = 0.0
   for i in range(0, w["inputs"].shape[0], bs):
-    batch = {k: jax.device_put(v[i:i + bs], sharding) for k, v in w.items()}
+    batch = {k: jax.make_array_from_process_local_data(
+        sharding, v[i + proc * local:i + (proc + 1) * local], (bs,) + v.shape[1:]) for k, v in w.items()}
     total += float(_masked_nll_sum(graphdef, state, batch))
   count = float(w["mask"].sum())
   return {"nll": total / count, "bpb": total / count / LN2, "n_bytes": int(count)}
@@ -66,8 +71,11 @@ def lm_config_from(cfg) -> LMConfig:
 
 
 def _check_saved_config(workdir: pathlib.Path, cfg: LMConfig) -> None:
+  """The run in ``workdir`` (if any) must have this model and data config; then writes config.json.
+  Every process checks; after all agree on the config, process 0 writes."""
   path = workdir / "config.json"
   new = config_files.to_dict(cfg)
+  distributed.check_same_config(new, "LM config")
   if path.exists():
     old = json.loads(path.read_text())
     for section in ("model", "data"):
@@ -76,7 +84,9 @@ def _check_saved_config(workdir: pathlib.Path, cfg: LMConfig) -> None:
             f"`workdir` {str(workdir)!r} holds a run with a different {section} config "
             f"({old.get(section)} vs {new[section]}); use a new workdir."
         )
-  path.write_text(json.dumps(new, indent=2))
+  distributed.barrier("jaxmem-config-checked")  # nobody reads config.json while process 0 writes it
+  if distributed.is_main():
+    path.write_text(json.dumps(new, indent=2))
 
 
 def train_lm(cfg, workdir, *, corpus: Optional[Corpus] = None, stop_after: Optional[int] = None,
@@ -87,9 +97,10 @@ def train_lm(cfg, workdir, *, corpus: Optional[Corpus] = None, stop_after: Optio
   _check_saved_config(workdir, cfg)
   if corpus is None:
     corpus = load_corpus(cfg.data.corpus, cfg.data.path)
-  mesh = loop.make_mesh(devices)
+  mesh = loop.make_mesh(devices, cfg.train.model_axis)
   train_iter = RandomWindows(corpus["train"], cfg.data.seq_len, cfg.data.batch_size,
-                             seed=cfg.train.seed, process_index=jax.process_index())
+                             seed=cfg.train.seed, process_index=jax.process_index(),
+                             process_count=jax.process_count())
 
   def evaluate(model, step):
     full = step == cfg.train.n_steps

@@ -8,14 +8,24 @@
   the same ones; any other state is held constant);
 * ``task.loss_fn(model, batch)`` -> ``(scalar loss, dict of scalar metrics)``;
 * ``task.train_iter``: an iterator of numpy batches with ``get_state``/``set_state``
-  (e.g. :class:`jaxmem.data.RandomWindows`);
+  (e.g. :class:`jaxmem.data.RandomWindows`); in a multi-process run it yields this process's
+  rows of each global batch and has a ``process_count`` attribute saying so;
 * optionally ``task.evaluate(model, step)`` -> dict of host metrics (e.g. val bpb).
 
 What the loop guarantees (each is a test in tests/train/):
 
-* **Data parallel** over ``jax.devices()``: a ``Mesh`` with one axis ``data``; batches
-  are sharded along it, parameters and optimizer state replicated. The same code runs on
-  one CPU or eight accelerators; on 8 fake CPU devices it matches the 1-device run.
+* **Data × model parallel** over ``jax.devices()`` (every process's): a ``(data, model)`` mesh
+  (:mod:`jaxmem.sharding`; ``cfg.model_axis`` sets the ``model`` size). Batches are split over
+  ``data``; parameters and optimizer state are laid out by logical axes (heads and FFN hidden over
+  ``model``, the rest replicated). The same code runs on one CPU or a TPU pod slice; on a
+  ``(data=2, model=4)`` mesh of 8 fake CPU devices it matches the 1-device run.
+* **Multi-process** (after :func:`jaxmem.distributed.initialize`): each process feeds its own
+  devices' rows of the global batch; checkpoints are written and restored by all processes; only
+  process 0 writes ``metrics.jsonl`` and shows progress; processes holding different train configs
+  stop with a ValueError.
+* **Mixed precision** (``cfg.compute_dtype="bfloat16"``): the forward and backward passes see the
+  matrices (kernels, embeddings) in bfloat16; master parameters, gradients, optimizer state and the
+  loss stay float32, as do norms, biases, gates and decays.
 * **Automatic resume**: if ``workdir/checkpoints`` holds a checkpoint, the latest one
   restores parameters, optimizer state, step and the data-iterator position, so that
   training 2N steps in one run equals N steps, a restart, and N more.
@@ -49,6 +59,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxmem import distributed, sharding
 from jaxmem.train.checkpoint import Checkpointer
 from jaxmem.train.config import TrainConfig
 
@@ -80,7 +91,7 @@ def prepare_workdir(workdir: str | os.PathLike) -> pathlib.Path:
   path = pathlib.Path(workdir).expanduser().resolve()
   try:
     path.mkdir(parents=True, exist_ok=True)
-    probe = path / ".jaxmem_write_probe"
+    probe = path / f".jaxmem_write_probe.{jax.process_index()}.{os.getpid()}"
     probe.write_text("ok")
     probe.unlink()
   except OSError as e:
@@ -88,17 +99,28 @@ def prepare_workdir(workdir: str | os.PathLike) -> pathlib.Path:
   return path
 
 
-def make_mesh(devices: Optional[list] = None) -> Mesh:
-  devices = jax.devices() if devices is None else devices
-  return Mesh(np.asarray(devices), ("data",))
+def make_mesh(devices: Optional[list] = None, model: int = 1) -> Mesh:
+  """The ``(data, model)`` mesh of :func:`jaxmem.sharding.make_mesh`."""
+  return sharding.make_mesh(model=model, devices=devices)
+
+
+def _is_matrix(path) -> bool:
+  """Kernels and embeddings (not norms, biases, gates' biases, positions or decays)."""
+  parts = [p for p in sharding.path_str(path).split("/") if p]
+  return bool(parts) and parts[-1] in ("kernel", "embedding")
 
 
 def _decay_mask(params: Any) -> Any:
   """Weight decay on matrices and embeddings only, not on norms, biases or positions."""
-  def leaf_mask(path, _):
-    last = getattr(path[-1], "key", getattr(path[-1], "name", str(path[-1])))
-    return str(last) in ("kernel", "embedding")
-  return jax.tree_util.tree_map_with_path(leaf_mask, params)
+  return jax.tree_util.tree_map_with_path(lambda path, _: _is_matrix(path), params)
+
+
+def cast_matrices(params: Any, dtype) -> Any:
+  """``params`` with kernels and embeddings cast to ``dtype`` (mixed precision's compute copy)."""
+  dtype = jnp.dtype(dtype)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: x.astype(dtype) if _is_matrix(path) and jnp.issubdtype(x.dtype, jnp.floating) else x,
+      params)
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
@@ -115,19 +137,22 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
   return optax.chain(*parts)
 
 
-def make_train_step(graphdef, rest, loss_fn, tx) -> Callable:
+def make_train_step(graphdef, rest, loss_fn, tx, compute_dtype: str = "float32") -> Callable:
   """The pure step ``(state, batch) -> (state, metrics)``; ``state = {step, params, opt_state}``, plus
   ``rngs`` (the model's ``nnx.RngCount`` counters, advanced by the loss's random draws) when it has any;
   ``graphdef`` and ``rest`` come from ``nnx.split(model, nnx.Param, nnx.RngCount, ...)``. (A model with
   random streams split as ``nnx.split(model, nnx.Param, ...)`` would keep its counters in ``rest``, which
-  the step cannot update: flax raises ``TraceContextError``.)"""
+  the step cannot update: flax raises ``TraceContextError``.) ``compute_dtype="bfloat16"``: the loss
+  sees :func:`cast_matrices` of the float32 parameters, so gradients arrive in float32."""
   def step(state, batch):
     def objective(params):
       # fresh Variables at this trace level (the counters are mutated by the loss's draws)
       counters = jax.tree.map(lambda x: x, state.get("rngs", nnx.State({})))
+      if compute_dtype != "float32":
+        params = cast_matrices(params, compute_dtype)
       model = nnx.merge(graphdef, params, counters, rest)
       loss, aux = loss_fn(model, batch)
-      return loss, (aux, nnx.state(model, nnx.RngCount))
+      return loss.astype(jnp.float32), (aux, nnx.state(model, nnx.RngCount))
 
     (loss, (aux, rngs)), grads = jax.value_and_grad(objective, has_aux=True)(state["params"])
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
@@ -143,19 +168,37 @@ def make_train_step(graphdef, rest, loss_fn, tx) -> Callable:
 class _MetricsLog:
   """JSON-lines metrics; on resume, drops rows past the restored step."""
 
-  def __init__(self, path: pathlib.Path, resume_step: int):
-    self.path = path
+  def __init__(self, path: pathlib.Path, resume_step: int, *, writes: bool = True):
+    self.path, self.writes = path, writes
     rows = read_metrics(path) if path.exists() else []
     kept = [r for r in rows if r.get("step", 0) <= resume_step]
-    with open(path, "w") as f:
-      for r in kept:
-        f.write(json.dumps(r) + "\n")
+    if writes:
+      with open(path, "w") as f:
+        for r in kept:
+          f.write(json.dumps(r) + "\n")
     self.rows = kept
 
   def write(self, row: dict) -> None:
     self.rows.append(row)
+    if not self.writes:  # processes other than 0 keep the history but write nothing
+      return
     with open(self.path, "a") as f:
       f.write(json.dumps(row) + "\n")
+
+
+def _check_rows_are_this_process_block(data_sharding, rows: int, proc: int, n_proc: int) -> None:
+  """The batch iterators give process ``p`` rows ``[p·L, (p+1)·L)`` of the global batch (``L = rows /
+  n_proc``); the mesh must place exactly those rows on its devices."""
+  idx = data_sharding.addressable_devices_indices_map((rows,))
+  starts = sorted({(s[0].start or 0) for s in idx.values()})
+  stops = sorted({(s[0].stop if s[0].stop is not None else rows) for s in idx.values()})
+  local = rows // n_proc
+  if starts[0] != proc * local or stops[-1] != (proc + 1) * local:
+    raise ValueError(
+        f"the mesh places rows [{starts[0]}, {stops[-1]}) of the batch on process {proc}'s devices, but "
+        f"this process feeds rows [{proc * local}, {(proc + 1) * local}): build the mesh with "
+        "jaxmem.sharding.make_mesh, which keeps each process's devices contiguous along `data`."
+    )
 
 
 def read_metrics(path: str | os.PathLike) -> list:
@@ -190,14 +233,27 @@ def train(
     stop_after: stop after this many steps *of this call* (simulates preemption; the
       schedule still spans ``cfg.n_steps``). A final checkpoint is written.
     progress: show a tqdm progress bar.
-    devices: devices for the ``data`` mesh axis (default: all).
+    devices: the mesh's devices (default: all, every process's); ``cfg.model_axis`` of them form
+      the ``model`` axis, the rest the ``data`` axis.
   """
   t0 = time.perf_counter()
+  distributed.check_same_config(dataclasses.asdict(cfg), "train config")
   workdir = prepare_workdir(workdir)
-  mesh = make_mesh(devices)
-  n_dev = mesh.devices.size
+  mesh = make_mesh(devices, cfg.model_axis)
+  n_data = mesh.shape[sharding.DATA]
+  if n_data % jax.process_count():
+    raise ValueError(
+        f"the mesh's data axis ({n_data}) must be a multiple of the {jax.process_count()} processes, so that "
+        f"each process feeds whole rows of the batch: lower `model_axis` ({cfg.model_axis}).")
+  if jax.process_count() > 1 and getattr(task.train_iter, "process_count", 1) != jax.process_count():
+    raise ValueError(
+        f"`task.train_iter` must give each of the {jax.process_count()} processes its own rows of the global "
+        "batch and say so with a `process_count` attribute (e.g. jaxmem.data.RandomWindows(..., "
+        "process_index=jax.process_index(), process_count=jax.process_count())); otherwise every process "
+        "would feed the whole batch.")
+  main = distributed.is_main()
   replicated = NamedSharding(mesh, P())
-  data_sharding = NamedSharding(mesh, P("data"))
+  data_sharding = NamedSharding(mesh, P(sharding.DATA))
 
   model = task.init_model(nnx.Rngs(cfg.seed))
   model.train()   # the loss runs in train mode (dropout on), whatever mode init_model left
@@ -206,8 +262,9 @@ def train(
   state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
   if jax.tree.leaves(rngs):  # only models that draw random numbers (dropout) carry counters
     state["rngs"] = rngs
-  state = jax.device_put(state, replicated)
-  rest = jax.device_put(rest, replicated)
+  state_sharding = sharding.state_shardings(state, mesh)
+  state = sharding.put_global(state, state_sharding)
+  rest = sharding.put_global(rest, jax.tree.map(lambda _: replicated, rest))
 
   ckpt = Checkpointer(workdir / "checkpoints", keep=cfg.keep_checkpoints)
   resumed_from = ckpt.latest_step()
@@ -215,24 +272,35 @@ def train(
     state, meta = ckpt.restore(resumed_from, state)
     task.train_iter.set_state(meta["data"])
   start = int(jax.device_get(state["step"]))
-  log = _MetricsLog(workdir / "metrics.jsonl", start)
+  log = _MetricsLog(workdir / "metrics.jsonl", start, writes=main)
 
-  step_fn = jax.jit(
-      make_train_step(graphdef, rest, task.loss_fn, tx),
-      in_shardings=(replicated, data_sharding),
-      out_shardings=(replicated, replicated),
+  jitted = jax.jit(
+      make_train_step(graphdef, rest, task.loss_fn, tx, cfg.compute_dtype),
+      in_shardings=(state_sharding, data_sharding),
+      out_shardings=(state_sharding, replicated),
       donate_argnums=(0,),
   )
 
+  def step_fn(state, batch):
+    with jax.set_mesh(mesh):  # the mixers' activation constraints (jaxmem.sharding.constrain) see it
+      return jitted(state, batch)
+
+  n_proc, proc = jax.process_count(), jax.process_index()
+
   def put_batch(batch: dict) -> dict:
+    """This process's rows of the global batch -> a global array sharded over ``data``."""
     out = {}
     for k, v in batch.items():
       v = np.asarray(v)
-      if v.shape[0] % n_dev:
+      rows = v.shape[0] * n_proc
+      if rows % n_data:
         raise ValueError(
-            f"batch size {v.shape[0]} (batch[{k!r}]) is not divisible by the {n_dev} devices."
+            f"batch size {rows} (batch[{k!r}]) is not divisible by the {n_data} devices of the mesh's "
+            f"data axis."
         )
-      out[k] = jax.make_array_from_process_local_data(data_sharding, v)
+      if n_proc > 1:
+        _check_rows_are_this_process_block(data_sharding, rows, proc, n_proc)
+      out[k] = jax.make_array_from_process_local_data(data_sharding, v, (rows,) + v.shape[1:])
     return out
 
   def current_model() -> nnx.Module:
@@ -244,7 +312,7 @@ def train(
   end = cfg.n_steps if stop_after is None else min(cfg.n_steps, start + stop_after)
   delay = float(os.environ.get("JAXMEM_TEST_STEP_DELAY", "0") or 0)  # test hook: slow steps
   bar = None
-  if progress:
+  if progress and main:
     from tqdm.auto import tqdm
     bar = tqdm(total=cfg.n_steps, initial=start, unit="step", dynamic_ncols=True,
                desc=pathlib.Path(workdir).name)

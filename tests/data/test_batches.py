@@ -31,11 +31,18 @@ def test_iterator_state_restores_the_exact_stream():
     RandomWindows(tokens, 32, 4, seed=8).set_state(state)
 
 
-def test_processes_draw_different_windows():
+def test_processes_draw_their_own_rows_of_the_one_global_batch():
   tokens = np.arange(10_000) % 256
-  a = RandomWindows(tokens, 16, 4, seed=0, process_index=0).batch_at(3)
-  b = RandomWindows(tokens, 16, 4, seed=0, process_index=1).batch_at(3)
-  assert not np.array_equal(a["inputs"], b["inputs"])
+  whole = RandomWindows(tokens, 16, 6, seed=0).batch_at(3)
+  parts = [RandomWindows(tokens, 16, 6, seed=0, process_index=i, process_count=3).batch_at(3) for i in range(3)]
+  for k in ("inputs", "targets"):
+    assert all(p[k].shape == (2, 16) for p in parts)
+    np.testing.assert_array_equal(np.concatenate([p[k] for p in parts]), whole[k])
+  assert not np.array_equal(parts[0]["inputs"], parts[1]["inputs"])
+  with pytest.raises(ValueError, match="`process_count`=4"):
+    RandomWindows(tokens, 16, 6, process_count=4)
+  with pytest.raises(ValueError, match="`process_index`=2"):
+    RandomWindows(tokens, 16, 6, process_index=2, process_count=2)
 
 
 @settings(max_examples=40, deadline=None)

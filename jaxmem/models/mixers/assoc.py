@@ -22,6 +22,7 @@ from jaxmem.kernels.feature_maps import FEATURE_MAPS, feature_map
 from jaxmem.kernels.precision import PRECISIONS
 from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv
 from jaxmem.models.mixers.registry import MixerConfig, register
+from jaxmem.sharding import HEADS_BTH, HEADS_BTHK, map_heads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +100,11 @@ class AssociativeMemory(QKVMixer):
     beta = None if self.beta is None else jax.nn.sigmoid(self.beta(x_BTD).astype(jnp.float32))
     # log γ = log σ(z): finite for every finite z (σ(z) itself underflows to 0 below z ≈ −88)
     log_decay = None if self.decay is None else jax.nn.log_sigmoid(self.decay(x_BTD).astype(jnp.float32))
-    return associative_memory(q, k, v, beta, rule=cfg.rule, mode=cfg.mode, chunk_size=cfg.chunk_size,
-                              log_decay=log_decay, precision=cfg.precision)
+    def kernel(q, k, v, beta, log_decay):
+      return associative_memory(q, k, v, beta, rule=cfg.rule, mode=cfg.mode, chunk_size=cfg.chunk_size,
+                                log_decay=log_decay, precision=cfg.precision)
+    # per device: its own batch rows and heads (jaxmem.sharding.map_heads), when a mesh is set
+    return map_heads(kernel, (q, k, v, beta, log_decay), (HEADS_BTHK,) * 3 + (HEADS_BTH,) * 2, HEADS_BTHK)
 
 
 register("assoc", AssocConfig, AssociativeMemory)

@@ -31,6 +31,7 @@ from jaxmem.kernels import matrix_state as ms
 from jaxmem.kernels.precision import PRECISIONS
 from jaxmem.models.mixers.qkv import gate_projection
 from jaxmem.models.mixers.registry import MixerConfig, register
+from jaxmem.sharding import HEADS_BTH, HEADS_BTHK, STATE_BHKV, constrain_heads, map_heads
 
 UPDATES = ("outer", "hybrid")
 
@@ -105,14 +106,19 @@ class MatrixStateMixer(nnx.Module):
     B, T, _ = x_BTD.shape
     H, S, cfg = self.n_heads, self.state_dim, self.cfg
     parts = jnp.tanh(self.proj(x_BTD)).reshape(B, T, self.n_proj, H, S)
-    q, k, v = parts[:, :, 0], parts[:, :, 1], parts[:, :, 2]
-    d = parts[:, :, 3] if self.n_proj == 4 else None
+    q, k, v = constrain_heads(parts[:, :, 0], parts[:, :, 1], parts[:, :, 2])
+    d = constrain_heads(parts[:, :, 3]) if self.n_proj == 4 else None
     mix = None if self.mix_logits is None else jax.nn.softmax(self.mix_logits[...], axis=-1)
     log_rho = jax.nn.log_sigmoid(self.rho(x_BTD).astype(jnp.float32))
-    o, S_T = ms.matrix_state(q, k, v, log_rho=log_rho, d=d, mix=mix, mode=cfg.mode, chunk_size=cfg.chunk_size,
+    def kernel(q, k, v, log_rho, d, mix, initial_state):
+      return ms.matrix_state(q, k, v, log_rho=log_rho, d=d, mix=mix, mode=cfg.mode, chunk_size=cfg.chunk_size,
                              spectral_norm=cfg.spectral_norm, precision=cfg.precision,
                              initial_state=initial_state, return_state=True)
-    y = self.out(o.reshape(B, T, H * S))
+    # per device: its own batch rows and heads (jaxmem.sharding.map_heads), when a mesh is set
+    o, S_T = map_heads(kernel, (q, k, v, log_rho, d, mix, initial_state),
+                       (HEADS_BTHK,) * 3 + (HEADS_BTH, HEADS_BTHK, ("heads", None), STATE_BHKV),
+                       (HEADS_BTHK, STATE_BHKV))
+    y = self.out(constrain_heads(o).reshape(B, T, H * S))
     if self.gate is not None:
       y = y * jax.nn.sigmoid(self.gate(x_BTD))
     return (y, S_T) if return_state else y

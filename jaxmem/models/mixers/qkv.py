@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxmem._checks import check_config_ints, check_positive_int
+from jaxmem.sharding import constrain_heads
 
 
 def check_short_conv(cfg) -> None:
@@ -73,18 +74,18 @@ class QKVMixer(nnx.Module):
     return gate_projection(self.d_model, width, bias, dtype=self.qkv.dtype, rngs=rngs)
 
   def heads(self, x_BTD: jax.Array):
-    """``(q, k, v)``, each ``[B, T, H, D/H]``."""
+    """``(q, k, v)``, each ``[B, T, H, D/H]`` (heads over the mesh's ``model`` axis when one is set)."""
     B, T, _ = x_BTD.shape
     qkv = self.qkv(x_BTD)
     if self.conv is not None:
       qkv = self.conv(qkv)
     qkv = qkv.reshape(B, T, 3, self.n_heads, self.head_dim)
-    return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    return constrain_heads(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
 
   def read(self, x_BTD, q_BTHK, k_BTHK, v_BTHK) -> jax.Array:
     raise NotImplementedError
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     B, T, _ = x_BTD.shape
-    o_BTHK = self.read(x_BTD, *self.heads(x_BTD))
+    o_BTHK = constrain_heads(self.read(x_BTD, *self.heads(x_BTD)))
     return self.out(o_BTHK.reshape(B, T, self.d_model))

@@ -9,6 +9,7 @@ from jaxmem.kernels.attention import softmax_attention
 from jaxmem.kernels.precision import PRECISIONS
 from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv
 from jaxmem.models.mixers.registry import MixerConfig, register
+from jaxmem.sharding import HEADS_BTHK, map_heads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +39,8 @@ class SoftmaxAttention(QKVMixer):
   :func:`jaxmem.kernels.attention.softmax_attention`."""
 
   def read(self, x_BTD, q, k, v):
-    return softmax_attention(q, k, v, causal=True, precision=self.cfg.precision)
+    fn = lambda q, k, v: softmax_attention(q, k, v, causal=True, precision=self.cfg.precision)
+    return map_heads(fn, (q, k, v), (HEADS_BTHK,) * 3, HEADS_BTHK)
 
 
 register("softmax", SoftmaxConfig, SoftmaxAttention)

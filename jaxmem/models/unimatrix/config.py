@@ -27,6 +27,7 @@ from jaxmem._checks import check_config_ints
 from jaxmem.kernels import matrix_state as ms
 from jaxmem.kernels.precision import PRECISIONS
 from jaxmem.models.mixers.matrix_state import UPDATES
+from jaxmem.models.remat import check_remat_policy
 
 VARIANTS = ("core", "rosa", "discovery", "assoc", "sparse_pointer")
 ROSA_SOURCES = ("none", "prev_token", "automaton")
@@ -84,6 +85,8 @@ class UniMatrixConfig:
       reach ``act_threshold``; the output is the halting-weighted mix of the depth states.
     act_threshold: ``1 − ε`` of ACT (0.99).
     remat: recompute each depth step in the backward pass (``jax.checkpoint``).
+    remat_policy: what ``remat`` may keep: "full" (nothing), "dots", "mixer" (the matrix-state read)
+      or "mixer_and_dots" (:mod:`jaxmem.models.remat`).
     dropout: rate of dropout on the embedding and on every residual branch's output (mixer,
       dense memory, FFN, slot context); 0 (the default) builds none. Active in train mode
       (the training loop threads the RNG and evaluates in eval mode); ``model.eval()`` turns
@@ -125,6 +128,7 @@ class UniMatrixConfig:
   act: bool = False
   act_threshold: float = 0.99
   remat: bool = False
+  remat_policy: str = "full"
   dropout: float = 0.0
   carry_state: bool = False
 
@@ -142,6 +146,7 @@ class UniMatrixConfig:
     if self.state_dim > self.d_model:
       raise ValueError(f"UniMatrixConfig.state_dim={self.state_dim} must be at most d_model={self.d_model} "
                        f"(each of the {self.n_heads} heads holds a state_dim × state_dim matrix).")
+    check_remat_policy("UniMatrixConfig", self.remat_policy)
     if self.positions not in ("learned", "none"):
       raise ValueError(f"UniMatrixConfig.positions must be 'learned' or 'none', got {self.positions!r}.")
     if self.mode not in ms.MODES:

@@ -1,0 +1,136 @@
+"""Data × model sharding (jaxmem.sharding): the layout rules, and a (data=2, model=4) mesh of 8 fake CPU
+devices training exactly as one device does, for the baseline, an associative-memory LM and a UniMatrix LM."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from jaxmem import sharding
+from jaxmem.train import TrainConfig
+from jaxmem.train.loop import cast_matrices
+from tests.conftest import REPO, subprocess_env
+from tests.train import sharded_models
+
+
+class _FakeMesh:  # spec_for only reads axis names and sizes
+  def __init__(self, data, model):
+    self.axis_names = ("data", "model")
+    self.devices = np.empty((data, model))
+
+
+def _specs(name, data=2, model=4):
+  model_ = sharded_models.make_model(name, nnx.Rngs(0))
+  params = nnx.state(model_, nnx.Param)
+  mesh = _FakeMesh(data, model)
+  out = {}
+  for p, x in jax.tree_util.tree_leaves_with_path(params):
+    name = sharding.path_str(p)
+    out[name] = sharding.spec_for(np.shape(x), sharding.logical_axes(name, x.ndim), mesh)
+  return out
+
+
+def test_heads_and_ffn_hidden_go_to_model_and_the_rest_is_replicated():
+  s = _specs("baseline")
+  assert s["blocks/attn/qkv/kernel"] == P(None, None, "model")  # [layers, embed, 3·heads·head_dim]
+  assert s["blocks/attn/out/kernel"] == P(None, "model")         # [layers, heads·head_dim, embed]
+  assert s["blocks/ffn/up/kernel"] == P(None, None, "model")
+  assert s["blocks/ffn/up/bias"] == P(None, "model")
+  assert s["blocks/ffn/down/kernel"] == P(None, "model")
+  for name in ("embed/embedding", "pos", "ln_f/scale", "blocks/ln1/scale", "blocks/ffn/down/bias"):
+    assert s[name] == P(), name
+  a = _specs("assoc")
+  assert a["blocks/attn/beta/kernel"] == P(None, None, "model")
+  assert a["blocks/attn/beta/bias"] == P(None, "model")
+  u = _specs("unimatrix")
+  assert u["block/mixer/proj/kernel"] == P(None, "model") and u["block/mixer/rho/kernel"] == P(None, "model")
+  assert u["block/mixer/out/kernel"] == P("model") and u["block/mixer/gate/kernel"] == P()
+
+
+def test_a_dimension_the_axis_does_not_divide_stays_replicated_and_model_1_is_pure_data_parallel():
+  s = _specs("unimatrix", data=1, model=8)   # 4 heads over 8 devices: rho's head axis cannot split
+  assert s["block/mixer/rho/kernel"] == P() and s["block/mixer/proj/kernel"] == P(None, "model")
+  assert all(v == P() for v in _specs("baseline", data=8, model=1).values())
+
+
+def test_optimizer_state_paths_get_the_parameters_layout():
+  mesh = _FakeMesh(2, 4)
+  x = jnp.zeros((2, 32, 96))
+  tree = {"params": {"blocks": {"attn": {"qkv": {"kernel": x}}}},
+          "opt_state": ({"mu": {"blocks": {"attn": {"qkv": {"kernel": x}}}}, "count": jnp.zeros(())},)}
+  specs = sharding.state_specs(tree, mesh)
+  assert specs["params"]["blocks"]["attn"]["qkv"]["kernel"] == P(None, None, "model")
+  assert specs["opt_state"][0]["mu"]["blocks"]["attn"]["qkv"]["kernel"] == P(None, None, "model")
+  assert specs["opt_state"][0]["count"] == P()
+
+
+def test_constrain_is_the_identity_without_a_mesh_and_bad_meshes_raise():
+  x = jnp.arange(24.0).reshape(1, 2, 3, 4)
+  assert sharding.constrain_heads(x) is x
+  with pytest.raises(ValueError, match="`model`=3 does not divide"):
+    sharding.make_mesh(model=3, devices=[jax.devices()[0]] * 4)
+  with pytest.raises(ValueError, match="`model`"):
+    sharding.make_mesh(model=0)
+  with pytest.raises(ValueError, match="`data`=2"):
+    sharding.make_mesh(data=2, model=1, devices=[jax.devices()[0]])
+  with pytest.raises(ValueError, match="model_axis"):
+    TrainConfig(model_axis=0)
+  with pytest.raises(ValueError, match="compute_dtype"):
+    TrainConfig(compute_dtype="float16")
+
+
+@pytest.mark.parametrize("name", ["baseline", "unimatrix"])
+def test_mixed_precision_casts_matrices_only_and_trains_in_float32(name, tmp_path):
+  params = nnx.state(sharded_models.make_model(name, nnx.Rngs(0)), nnx.Param)
+  cast = cast_matrices(params, "bfloat16")
+  for p, x in jax.tree_util.tree_leaves_with_path(cast):
+    last = sharding.path_str(p).split("/")[-1]
+    assert x.dtype == (jnp.bfloat16 if last in ("kernel", "embedding") else jnp.float32), sharding.path_str(p)
+  res32 = sharded_models.run(name, tmp_path / "f32", model_axis=1, steps=4)
+  res16 = sharded_models.run(name, tmp_path / "bf16", model_axis=1, steps=4, compute_dtype="bfloat16")
+  leaves = jax.tree.leaves(nnx.state(res16.model, nnx.Param))
+  assert all(x.dtype == jnp.float32 for x in leaves)   # master parameters stay float32
+  l32 = [r["loss"] for r in res32.history]
+  l16 = [r["loss"] for r in res16.history]
+  np.testing.assert_allclose(l16, l32, rtol=2e-2)        # bf16 matrices: ~3 significant digits
+  assert not np.allclose(l16, l32, rtol=1e-6)            # and the cast did act
+  assert l16[-1] < l16[0]
+
+
+@pytest.mark.slow
+def test_data2_model4_mesh_of_8_devices_equals_one_device(tmp_path):
+  out = str(tmp_path / "sharded.npz")
+  env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, "-m", "tests.train.sharded_models", out, str(tmp_path / "w8")], cwd=REPO,
+                     env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  sharded = np.load(out)
+  meta = json.loads(open(out + ".json").read())
+  for name in sharded_models.MODELS:
+    single = sharded_models.run(name, tmp_path / f"w1_{name}", model_axis=1)
+    leaves = sharded_models.param_leaves(single.model)
+    assert len(leaves) == sum(k.startswith(name + ":") for k in sharded.files)
+    for path, a in leaves:
+      key = sharding.path_str(path)
+      np.testing.assert_allclose(sharded[f"{name}:{key}"], a, rtol=2e-5, atol=2e-6, err_msg=f"{name} {key}")
+    # the parameters really were split over the 4 model devices
+    shards = meta[name]["shards"]
+    if name == "unimatrix":
+      assert shards["block/mixer/proj/kernel"] == [32, 24] and shards["block/ffn/up/kernel"] == [32, 12]
+    else:
+      assert shards["blocks/attn/qkv/kernel"] == [2, 32, 24] and shards["blocks/ffn/down/kernel"] == [2, 12, 32]
+      assert shards["embed/embedding"] == [32, 32]
+  # the memory kernels run per device on their own heads (jaxmem.sharding.map_heads): they add no
+  # all-gather to the softmax baseline's (its fused q/k/v reshape); GSPMD alone gathered heads inside
+  # the kernels' scans over time (14 / 13 all-gathers for assoc / unimatrix instead of 2)
+  col = {name: meta[name]["collectives"] for name in sharded_models.MODELS}
+  assert col["assoc"]["all-gather"] <= col["baseline"]["all-gather"], col
+  assert col["unimatrix"]["all-gather"] <= col["baseline"]["all-gather"], col
+  assert all(c["all-to-all"] == 0 for c in col.values()), col
+  print("\ncollectives per sharded gradient:", col)
