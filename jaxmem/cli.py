@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Optional, Sequence
 
@@ -75,8 +74,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _dispatch(args, overrides) -> int:
-  if getattr(args, "distributed", False) or os.environ.get("JAXMEM_DISTRIBUTED") == "1":
-    from jaxmem import distributed  # multi-host: tpu_scripts/launch.sh sets JAXMEM_DISTRIBUTED=1
+  from jaxmem import distributed  # multi-host: tpu_scripts/launch.sh sets JAXMEM_DISTRIBUTED=1
+  if getattr(args, "distributed", False) or distributed.requested():   # a bad JAXMEM_DISTRIBUTED: exit 2
     distributed.initialize(force=True)
   if args.command == "train":
     from jaxmem import config_files

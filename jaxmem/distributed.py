@@ -29,7 +29,21 @@ ENV_FLAG = "JAXMEM_DISTRIBUTED"
 
 
 def requested() -> bool:
-  return os.environ.get(ENV_FLAG, "") == "1"
+  value = os.environ.get(ENV_FLAG, "")
+  if value not in ("", "0", "1"):
+    raise ValueError(f"{ENV_FLAG} must be 1 (multi-process) or 0 / unset, got {value!r}.")
+  return value == "1"
+
+
+def _env_int(name: str, lo: int) -> int:
+  value = os.environ.get(name)
+  try:
+    out = int(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"{name} must be an integer, got {value!r}.") from None
+  if out < lo:
+    raise ValueError(f"{name} must be at least {lo}, got {out}.")
+  return out
 
 
 def initialize(force: bool = False) -> bool:
@@ -44,23 +58,15 @@ def initialize(force: bool = False) -> bool:
   kwargs: dict = {}
   coordinator = os.environ.get("JAXMEM_COORDINATOR")
   if coordinator:
-    try:
-      n = int(os.environ["JAXMEM_NUM_PROCESSES"])
-      pid = int(os.environ["JAXMEM_PROCESS_ID"])
-    except (KeyError, ValueError):
-      raise ValueError(
-          "JAXMEM_COORDINATOR is set, so JAXMEM_NUM_PROCESSES and JAXMEM_PROCESS_ID must be set to "
-          f"integers too (got {os.environ.get('JAXMEM_NUM_PROCESSES')!r}, "
-          f"{os.environ.get('JAXMEM_PROCESS_ID')!r})."
-      ) from None
-    if n < 1 or not 0 <= pid < n:
+    n = _env_int("JAXMEM_NUM_PROCESSES", 1)
+    pid = _env_int("JAXMEM_PROCESS_ID", 0)
+    if pid >= n:
       raise ValueError(f"JAXMEM_PROCESS_ID={pid} must lie in [0, JAXMEM_NUM_PROCESSES={n}).")
     kwargs = dict(coordinator_address=coordinator, num_processes=n, process_id=pid)
     if os.environ.get("JAXMEM_LOCAL_DEVICES"):
-      kwargs["local_device_ids"] = list(range(int(os.environ["JAXMEM_LOCAL_DEVICES"])))
-    timeout = os.environ.get("JAXMEM_INIT_TIMEOUT_S")
-    if timeout:
-      kwargs["initialization_timeout"] = int(timeout)
+      kwargs["local_device_ids"] = list(range(_env_int("JAXMEM_LOCAL_DEVICES", 1)))
+    if os.environ.get("JAXMEM_INIT_TIMEOUT_S"):
+      kwargs["initialization_timeout"] = _env_int("JAXMEM_INIT_TIMEOUT_S", 1)
   # CPU devices of different processes talk through gloo (no effect on TPU / GPU collectives)
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(**kwargs)

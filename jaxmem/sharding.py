@@ -76,11 +76,14 @@ def make_mesh(data: Optional[int] = None, model: int = 1, *, devices: Optional[S
               axis_types: Optional[tuple] = None) -> Mesh:
   """A ``(data, model)`` mesh over ``devices`` (default: all, every process's).
 
-  ``data`` defaults to ``len(devices) // model``. ``jax.make_mesh`` orders the devices so that each
-  process's devices are contiguous along ``data`` (on TPU also following the physical topology).
+  ``data`` defaults to ``len(devices) // model``. With several processes the mesh is built per process
+  (``create_hybrid_device_mesh``): each process's devices are whole rows of ``data`` and ``model`` stays
+  inside a process; otherwise ``jax.make_mesh`` orders the devices (on TPU by the physical topology).
   """
   devices = list(jax.devices() if devices is None else devices)
   n = len(devices)
+  if not n or len(set(devices)) != n:
+    raise ValueError(f"`devices` must be a non-empty list of distinct devices, got {devices!r}.")
   if isinstance(model, bool) or not isinstance(model, int) or model < 1:
     raise ValueError(f"`model` (the model-parallel mesh axis size) must be a positive int, got {model!r}.")
   if n % model:
@@ -89,6 +92,14 @@ def make_mesh(data: Optional[int] = None, model: int = 1, *, devices: Optional[S
   if isinstance(data, bool) or not isinstance(data, int) or data < 1 or data * model != n:
     raise ValueError(f"`data`={data!r} × `model`={model} must equal the {n} devices.")
   axis_types = (AxisType.Auto, AxisType.Auto) if axis_types is None else tuple(axis_types)
+  n_proc = len({d.process_index for d in devices})
+  if n_proc > 1 and data % n_proc == 0:
+    # several processes: each process's devices form whole rows of `data` (so each feeds its own
+    # rows of the batch), and `model` stays inside a process (its all-reduces never cross hosts)
+    from jax.experimental import mesh_utils
+    grid = mesh_utils.create_hybrid_device_mesh((data // n_proc, model), (n_proc, 1), devices,
+                                                process_is_granule=True)
+    return Mesh(grid, (DATA, MODEL), axis_types=axis_types)
   return jax.make_mesh((data, model), (DATA, MODEL), axis_types=axis_types, devices=devices)
 
 

@@ -6,30 +6,26 @@ pass, and ``remat_policy`` says what it may keep instead of recomputing:
 ============================ ===============================================================
 ``remat_policy``             saved from the forward pass
 ============================ ===============================================================
-``"full"``                   nothing (``nothing_saveable``): least memory, one extra forward
-``"dots"``                   matmul outputs without batch dimensions, i.e. the projections
-                             (``dots_with_no_batch_dims_saveable``, MaxText's ``"minimal"``)
-``"mixer"``                  each mixer's output (named ``"mixer_out"``): the memory read, the
-                             sequential part that is costly to redo at long T, is kept; norms,
-                             projections and the FFN are recomputed
-``"mixer_and_dots"``         both of the above
+``"full"``                   nothing but each block's input (``nothing_saveable``): least
+                             memory, one extra forward pass of every block
+``"dots"``                   also the matmul outputs without batch dimensions, i.e. the
+                             projections and the FFN (``dots_with_no_batch_dims_saveable``);
+                             the memory kernels' scans are recomputed
 ============================ ===============================================================
+
+(A policy that kept a memory kernel's read would not spare its recomputation: the kernel's backward
+needs its own internal residuals, so it is rerun either way. That would need named residuals inside
+each kernel, which the kernels do not expose.)
 """
 
 from __future__ import annotations
 
 import jax
-from jax.ad_checkpoint import checkpoint_name
-
-MIXER_OUT = "mixer_out"
 
 _cp = jax.checkpoint_policies
 REMAT_POLICIES = {
     "full": _cp.nothing_saveable,
     "dots": _cp.dots_with_no_batch_dims_saveable,
-    "mixer": _cp.save_only_these_names(MIXER_OUT),
-    "mixer_and_dots": _cp.save_from_both_policies(_cp.dots_with_no_batch_dims_saveable,
-                                                  _cp.save_only_these_names(MIXER_OUT)),
 }
 
 
@@ -40,8 +36,3 @@ def check_remat_policy(owner: str, value) -> None:
 
 def policy(name: str):
   return REMAT_POLICIES[name]
-
-
-def name_mixer_output(y: jax.Array) -> jax.Array:
-  """Tags a mixer's output so the ``"mixer"`` policies can keep it (the identity otherwise)."""
-  return checkpoint_name(y, MIXER_OUT)

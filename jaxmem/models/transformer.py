@@ -24,7 +24,7 @@ from jaxmem._checks import check_config_ints, check_rank
 from jaxmem.models import mixers
 from jaxmem.models.mixers import MixerConfig, SoftmaxConfig
 from jaxmem.models.mixers.qkv import ShortConv  # noqa: F401  (re-exported: it used to live here)
-from jaxmem.models.remat import check_remat_policy, name_mixer_output
+from jaxmem.models.remat import check_remat_policy
 from jaxmem.models.remat import policy as remat_policy
 
 MixerSpec = Union[MixerConfig, tuple]
@@ -43,8 +43,8 @@ class TransformerConfig:
     max_len: longest sequence the learned positions cover.
     tie_embeddings: read logits with the transposed input embedding.
     remat: recompute each block in the backward pass (``jax.checkpoint``).
-    remat_policy: what ``remat`` may keep: "full" (nothing), "dots", "mixer" (the memory read) or
-      "mixer_and_dots" (:mod:`jaxmem.models.remat`).
+    remat_policy: what ``remat`` may keep: "full" (only each block's input) or "dots" (also the
+      projections' outputs); :mod:`jaxmem.models.remat`.
     dtype: compute dtype of activations ("float32" or "bfloat16"); parameters stay
       float32 and the loss is computed in float32.
     mixer: the token mixer of every block — a config registered in
@@ -142,7 +142,7 @@ class Block(nnx.Module):
     self.ffn = FeedForward(cfg, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    x = x + name_mixer_output(self.attn(self.ln1(x)))
+    x = x + self.attn(self.ln1(x))
     return x + self.ffn(self.ln2(x))
 
 

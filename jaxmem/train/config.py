@@ -32,9 +32,6 @@ class TrainConfig:
     log_every: write a metrics row every this many steps.
     model_axis: size of the mesh's ``model`` axis (heads and FFN hidden units are split over it;
       :mod:`jaxmem.sharding`); the ``data`` axis takes the remaining devices. 1: data parallel only.
-    compute_dtype: "float32", or "bfloat16" for mixed precision: matrices enter the forward and
-      backward passes in bfloat16, master parameters, optimizer state, gradients and the loss stay
-      float32 (norms, biases, gates and decays too). The kernels accumulate in float32 either way.
   """
 
   n_steps: int = 1000
@@ -51,13 +48,10 @@ class TrainConfig:
   eval_every: int = 0
   log_every: int = 10
   model_axis: int = 1
-  compute_dtype: str = "float32"
 
   def __post_init__(self):
     o = "TrainConfig"
     check_config_ints(self, ("n_steps", "ckpt_every", "keep_checkpoints", "log_every", "model_axis"))
-    if self.compute_dtype not in ("float32", "bfloat16"):
-      raise ValueError(f"TrainConfig.compute_dtype must be float32 or bfloat16, got {self.compute_dtype!r}.")
     check_config_ints(self, ("warmup_steps", "eval_every", "seed"), allow_zero=True)
     _finite(o, "lr", self.lr, 0.0)
     _finite(o, "min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)

@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxmem import config_files, distributed
+from jaxmem import sharding as jaxmem_sharding
 from jaxmem.data import RandomWindows, eval_windows, load_corpus
 from jaxmem.data.corpora import Corpus
 from jaxmem.models.transformer import TransformerLM
@@ -52,13 +53,19 @@ def evaluate_bpb(model: nnx.Module, tokens: np.ndarray, seq_len: int, batch_size
   pad = (-n) % bs
   w = {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in w.items()}
   graphdef, state = nnx.split(model)
+  on_mesh = set(mesh.devices.flat)
+  if any(getattr(x, "sharding", None) is None or x.sharding.device_set != on_mesh
+         for x in jax.tree.leaves(state)):
+    # e.g. a checkpoint restored onto one device (jaxmem eval): lay it out on the mesh by the rules
+    state = jaxmem_sharding.put_global(state, jaxmem_sharding.state_shardings(state, mesh))
   sharding = NamedSharding(mesh, P("data"))
   local = bs // n_proc
   total = 0.0
-  for i in range(0, w["inputs"].shape[0], bs):
-    batch = {k: jax.make_array_from_process_local_data(
-        sharding, v[i + proc * local:i + (proc + 1) * local], (bs,) + v.shape[1:]) for k, v in w.items()}
-    total += float(_masked_nll_sum(graphdef, state, batch))
+  with jax.set_mesh(mesh):  # the mixers' per-head kernels (jaxmem.sharding.map_heads) see the mesh
+    for i in range(0, w["inputs"].shape[0], bs):
+      batch = {k: jax.make_array_from_process_local_data(
+          sharding, v[i + proc * local:i + (proc + 1) * local], (bs,) + v.shape[1:]) for k, v in w.items()}
+      total += float(_masked_nll_sum(graphdef, state, batch))
   count = float(w["mask"].sum())
   return {"nll": total / count, "bpb": total / count / LN2, "n_bytes": int(count)}
 
@@ -94,9 +101,9 @@ def train_lm(cfg, workdir, *, corpus: Optional[Corpus] = None, stop_after: Optio
   """Trains the baseline byte LM; ``final_metrics`` gets ``val_bpb`` over the whole split."""
   cfg = lm_config_from(cfg)
   workdir = loop.prepare_workdir(workdir)
-  _check_saved_config(workdir, cfg)
-  if corpus is None:
+  if corpus is None:  # before the first collective, so that a host without the corpus fails alone and fast
     corpus = load_corpus(cfg.data.corpus, cfg.data.path)
+  _check_saved_config(workdir, cfg)
   mesh = loop.make_mesh(devices, cfg.train.model_axis)
   train_iter = RandomWindows(corpus["train"], cfg.data.seq_len, cfg.data.batch_size,
                              seed=cfg.train.seed, process_index=jax.process_index(),

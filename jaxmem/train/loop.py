@@ -23,9 +23,8 @@ What the loop guarantees (each is a test in tests/train/):
   devices' rows of the global batch; checkpoints are written and restored by all processes; only
   process 0 writes ``metrics.jsonl`` and shows progress; processes holding different train configs
   stop with a ValueError.
-* **Mixed precision** (``cfg.compute_dtype="bfloat16"``): the forward and backward passes see the
-  matrices (kernels, embeddings) in bfloat16; master parameters, gradients, optimizer state and the
-  loss stay float32, as do norms, biases, gates and decays.
+* **Float32 state**: parameters, gradients, optimizer state and the loss are float32 whatever
+  the model computes in (``TransformerConfig.dtype="bfloat16"`` is the mixed-precision switch).
 * **Automatic resume**: if ``workdir/checkpoints`` holds a checkpoint, the latest one
   restores parameters, optimizer state, step and the data-iterator position, so that
   training 2N steps in one run equals N steps, a restart, and N more.
@@ -115,12 +114,6 @@ def _decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(lambda path, _: _is_matrix(path), params)
 
 
-def cast_matrices(params: Any, dtype) -> Any:
-  """``params`` with kernels and embeddings cast to ``dtype`` (mixed precision's compute copy)."""
-  dtype = jnp.dtype(dtype)
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: x.astype(dtype) if _is_matrix(path) and jnp.issubdtype(x.dtype, jnp.floating) else x,
-      params)
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
@@ -137,19 +130,16 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
   return optax.chain(*parts)
 
 
-def make_train_step(graphdef, rest, loss_fn, tx, compute_dtype: str = "float32") -> Callable:
+def make_train_step(graphdef, rest, loss_fn, tx) -> Callable:
   """The pure step ``(state, batch) -> (state, metrics)``; ``state = {step, params, opt_state}``, plus
   ``rngs`` (the model's ``nnx.RngCount`` counters, advanced by the loss's random draws) when it has any;
   ``graphdef`` and ``rest`` come from ``nnx.split(model, nnx.Param, nnx.RngCount, ...)``. (A model with
   random streams split as ``nnx.split(model, nnx.Param, ...)`` would keep its counters in ``rest``, which
-  the step cannot update: flax raises ``TraceContextError``.) ``compute_dtype="bfloat16"``: the loss
-  sees :func:`cast_matrices` of the float32 parameters, so gradients arrive in float32."""
+  the step cannot update: flax raises ``TraceContextError``.) The loss is taken in float32."""
   def step(state, batch):
     def objective(params):
       # fresh Variables at this trace level (the counters are mutated by the loss's draws)
       counters = jax.tree.map(lambda x: x, state.get("rngs", nnx.State({})))
-      if compute_dtype != "float32":
-        params = cast_matrices(params, compute_dtype)
       model = nnx.merge(graphdef, params, counters, rest)
       loss, aux = loss_fn(model, batch)
       return loss.astype(jnp.float32), (aux, nnx.state(model, nnx.RngCount))
@@ -170,7 +160,8 @@ class _MetricsLog:
 
   def __init__(self, path: pathlib.Path, resume_step: int, *, writes: bool = True):
     self.path, self.writes = path, writes
-    rows = read_metrics(path) if path.exists() else []
+    # other processes never read the file process 0 is rewriting: their history starts empty
+    rows = read_metrics(path) if writes and path.exists() else []
     kept = [r for r in rows if r.get("step", 0) <= resume_step]
     if writes:
       with open(path, "w") as f:
@@ -245,12 +236,13 @@ def train(
     raise ValueError(
         f"the mesh's data axis ({n_data}) must be a multiple of the {jax.process_count()} processes, so that "
         f"each process feeds whole rows of the batch: lower `model_axis` ({cfg.model_axis}).")
-  if jax.process_count() > 1 and getattr(task.train_iter, "process_count", 1) != jax.process_count():
+  if jax.process_count() > 1 and (getattr(task.train_iter, "process_count", 1) != jax.process_count()
+                                  or getattr(task.train_iter, "process_index", None) != jax.process_index()):
     raise ValueError(
         f"`task.train_iter` must give each of the {jax.process_count()} processes its own rows of the global "
-        "batch and say so with a `process_count` attribute (e.g. jaxmem.data.RandomWindows(..., "
-        "process_index=jax.process_index(), process_count=jax.process_count())); otherwise every process "
-        "would feed the whole batch.")
+        "batch and say so with `process_count` and `process_index` attributes (e.g. jaxmem.data.RandomWindows("
+        "..., process_index=jax.process_index(), process_count=jax.process_count())); otherwise processes "
+        "would feed the same rows.")
   main = distributed.is_main()
   replicated = NamedSharding(mesh, P())
   data_sharding = NamedSharding(mesh, P(sharding.DATA))
@@ -275,7 +267,7 @@ def train(
   log = _MetricsLog(workdir / "metrics.jsonl", start, writes=main)
 
   jitted = jax.jit(
-      make_train_step(graphdef, rest, task.loss_fn, tx, cfg.compute_dtype),
+      make_train_step(graphdef, rest, task.loss_fn, tx),
       in_shardings=(state_sharding, data_sharding),
       out_shardings=(state_sharding, replicated),
       donate_argnums=(0,),

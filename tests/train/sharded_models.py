@@ -19,10 +19,10 @@ from jaxmem.train import TrainConfig, TrainTask, lm_loss, train
 VOCAB, T, BATCH = 32, 12, 8
 
 
-def make_model(name: str, rngs: nnx.Rngs) -> nnx.Module:
+def make_model(name: str, rngs: nnx.Rngs, dtype: str = "float32") -> nnx.Module:
   if name == "baseline":
     return TransformerLM(TransformerConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, d_ff=48,
-                                           max_len=T), rngs=rngs)
+                                           max_len=T, dtype=dtype), rngs=rngs)
   if name == "assoc":
     return TransformerLM(TransformerConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, d_ff=48,
                                            max_len=T, mixer=AssocConfig(rule="delta", chunk_size=4)), rngs=rngs)
@@ -35,12 +35,11 @@ def make_model(name: str, rngs: nnx.Rngs) -> nnx.Module:
 MODELS = ("baseline", "assoc", "unimatrix")
 
 
-def run(name: str, workdir: str, *, model_axis: int, devices=None, steps: int = 3, compute_dtype="float32"):
+def run(name: str, workdir: str, *, model_axis: int, devices=None, steps: int = 3, dtype: str = "float32"):
   tokens = (np.arange(4000) * 7 + np.arange(4000) // 5) % VOCAB
-  task = TrainTask(init_model=lambda rngs: make_model(name, rngs), loss_fn=lm_loss,
+  task = TrainTask(init_model=lambda rngs: make_model(name, rngs, dtype), loss_fn=lm_loss,
                    train_iter=RandomWindows(tokens, T, BATCH, seed=1))
-  cfg = TrainConfig(n_steps=steps, lr=3e-3, warmup_steps=1, ckpt_every=100, log_every=1, model_axis=model_axis,
-                    compute_dtype=compute_dtype)
+  cfg = TrainConfig(n_steps=steps, lr=3e-3, warmup_steps=1, ckpt_every=100, log_every=1, model_axis=model_axis)
   return train(task, cfg, workdir, progress=False, devices=devices)
 
 

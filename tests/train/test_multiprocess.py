@@ -3,6 +3,7 @@ collectives, 2 processes × 4 CPU devices on a (data=2, model=4) mesh, driven th
 --distributed`` exactly as tpu_scripts/launch.sh drives TPU hosts. It trains, checkpoints, loses one
 process to SIGKILL, resumes, and ends at the parameters of an uninterrupted single-process run."""
 
+import json
 import signal
 import socket
 import subprocess
@@ -95,6 +96,10 @@ def test_two_processes_train_survive_a_sigkill_resume_and_match_one_process(synt
 
   straight = train_lm(tiny_lm_config(*EXTRA, "--config.train.model_axis=1"), tmp_path / "one", progress=False,
                       devices=[jax.devices()[0]])
+  # the final evaluation, each process feeding its rows of every validation batch, is the 1-device one
+  finals = [json.loads(o.strip().splitlines()[-1]) for o in outs]
+  for f in finals:
+    np.testing.assert_allclose(f["val_bpb"], straight.final_metrics["val_bpb"], rtol=1e-5)
   for a, b in zip(jax.tree.leaves(nnx.state(straight.model, nnx.Param)),
                   jax.tree.leaves(nnx.state(resumed, nnx.Param)), strict=True):
     np.testing.assert_allclose(b, a, rtol=2e-5, atol=2e-6)

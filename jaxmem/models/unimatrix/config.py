@@ -85,8 +85,8 @@ class UniMatrixConfig:
       reach ``act_threshold``; the output is the halting-weighted mix of the depth states.
     act_threshold: ``1 − ε`` of ACT (0.99).
     remat: recompute each depth step in the backward pass (``jax.checkpoint``).
-    remat_policy: what ``remat`` may keep: "full" (nothing), "dots", "mixer" (the matrix-state read)
-      or "mixer_and_dots" (:mod:`jaxmem.models.remat`).
+    remat_policy: what ``remat`` may keep: "full" (only each step's input) or "dots" (also the
+      projections' outputs); :mod:`jaxmem.models.remat`. Ignored with ``carry_state=True``.
     dropout: rate of dropout on the embedding and on every residual branch's output (mixer,
       dense memory, FFN, slot context); 0 (the default) builds none. Active in train mode
       (the training loop threads the RNG and evaluates in eval mode); ``model.eval()`` turns

@@ -45,7 +45,6 @@ from jaxmem.kernels import rosa as rosa_kernel
 from jaxmem.kernels import slots as slot_kernel
 from jaxmem.models.mixers.matrix_state import MatrixStateConfig, MatrixStateMixer
 from jaxmem.models.mixers.topk_memory import TopKMemory, TopKMemoryConfig
-from jaxmem.models.remat import name_mixer_output
 from jaxmem.models.remat import policy as remat_policy
 from jaxmem.models.unimatrix.config import UniMatrixConfig
 
@@ -89,7 +88,6 @@ class UniMatrixBlock(nnx.Module):
   def __call__(self, h, initial_state=None, return_state: bool = False, key=None):
     """``key``: this step's dropout key (None: no dropout; see :class:`UniMatrixLM`)."""
     y, S_T = self.mixer(self.ln1(h), initial_state=initial_state, return_state=True)
-    y = name_mixer_output(y)
     h = h + _dropout(self.drop, y, key, 0)
     if self.memory is not None:
       h = h + _dropout(self.drop, self.memory(self.ln_m(h)), key, 1)
