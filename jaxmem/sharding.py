@@ -124,18 +124,29 @@ def logical_axes(path: str, ndim: int, rules: tuple = PARAM_RULES) -> tuple:
   return (None,) * ndim
 
 
-def spec_for(shape: Sequence[int], axes: Sequence[Optional[str]], mesh: Mesh) -> P:
-  """The PartitionSpec of an array with these logical ``axes`` on ``mesh``; a dimension the mesh axis
-  does not divide (or a mesh axis used twice) stays replicated."""
-  sizes = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
+def _mesh_axes(shape, axes, sizes: dict, *, strict: bool = False) -> Optional[list]:
+  """The mesh axis (or None) per dimension of an array with logical ``axes``, on a mesh of axis
+  ``sizes``. A dimension its mesh axis does not divide, or a mesh axis used twice, stays replicated;
+  with ``strict`` a dimension that does not divide gives ``None`` for the whole array instead."""
   out, used = [], set()
   for dim, name in zip(shape, axes, strict=True):
     m = LOGICAL_TO_MESH.get(name) if name is not None else None
-    if m is None or m not in sizes or sizes[m] == 1 or dim % sizes[m] or m in used:
+    if m is None or sizes.get(m, 1) == 1 or m in used:
+      out.append(None)
+    elif dim % sizes[m]:
+      if strict:
+        return None
       out.append(None)
     else:
       out.append(m)
       used.add(m)
+  return out
+
+
+def spec_for(shape: Sequence[int], axes: Sequence[Optional[str]], mesh: Mesh) -> P:
+  """The PartitionSpec of an array with these logical ``axes`` on ``mesh``; a dimension the mesh axis
+  does not divide (or a mesh axis used twice) stays replicated."""
+  out = _mesh_axes(shape, axes, dict(zip(mesh.axis_names, mesh.devices.shape, strict=True)))
   while out and out[-1] is None:
     out.pop()
   return P(*out)
@@ -180,11 +191,7 @@ def constrain(x: jax.Array, *axes: Optional[str]) -> jax.Array:
   if len(axes) != x.ndim:
     raise ValueError(f"constrain: {len(axes)} axis names for an array of rank {x.ndim}.")
   sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
-  spec = []
-  for dim, name in zip(x.shape, axes, strict=True):
-    m = LOGICAL_TO_MESH.get(name) if name is not None else None
-    spec.append(m if m in sizes and sizes[m] > 1 and dim % sizes[m] == 0 else None)
-  return jax.lax.with_sharding_constraint(x, P(*spec))
+  return jax.lax.with_sharding_constraint(x, P(*_mesh_axes(x.shape, axes, sizes)))
 
 
 def constrain_heads(*xs: jax.Array):
@@ -197,16 +204,8 @@ def _mesh_spec(axes: Optional[Sequence[Optional[str]]], shape, sizes: dict):
   """PartitionSpec of logical ``axes`` for ``shard_map``, or ``False`` if a dimension does not divide."""
   if axes is None:
     return P()
-  spec = []
-  for dim, name in zip(shape, axes, strict=True):
-    m = LOGICAL_TO_MESH.get(name) if name is not None else None
-    if m is not None and m in sizes and sizes[m] > 1:
-      if dim % sizes[m]:
-        return False
-      spec.append(m)
-    else:
-      spec.append(None)
-  return P(*spec)
+  out = _mesh_axes(shape, axes, sizes, strict=True)
+  return False if out is None else P(*out)
 
 
 def map_heads(fn, args: Sequence, axes: Sequence, out_axes):

@@ -278,6 +278,7 @@ def train(
       return jitted(state, batch)
 
   n_proc, proc = jax.process_count(), jax.process_index()
+  checked_rows: set = set()   # global batch sizes whose row placement was checked
 
   def put_batch(batch: dict) -> dict:
     """This process's rows of the global batch -> a global array sharded over ``data``."""
@@ -290,8 +291,9 @@ def train(
             f"batch size {rows} (batch[{k!r}]) is not divisible by the {n_data} devices of the mesh's "
             f"data axis."
         )
-      if n_proc > 1:
+      if n_proc > 1 and rows not in checked_rows:
         _check_rows_are_this_process_block(data_sharding, rows, proc, n_proc)
+        checked_rows.add(rows)
       out[k] = jax.make_array_from_process_local_data(data_sharding, v, (rows,) + v.shape[1:])
     return out
 
