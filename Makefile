@@ -9,10 +9,12 @@ PIP    := $(BIN)/python -m pip
 # constraints.txt pins the versions the suite was last verified with.
 PIP_INSTALL := $(PIP) install --quiet --disable-pip-version-check -c constraints.txt
 PYTEST_ARGS ?=
-# the suite runs on pytest-xdist workers (one per core on the 2-core CI machine); WORKERS=0 runs it in-process
+# the suite runs on pytest-xdist workers (one per core on the 2-core CI machine); WORKERS=0 runs it in-process.
+# --dist loadfile: a test module runs whole on one worker, so its tests share that process's compiled programs.
 WORKERS ?= 2
+XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
 
-.PHONY: demo test install install-dev bench lint clean
+.PHONY: demo test test-fast notebooks install install-dev bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "jaxmem needs Python >= 3.11"'
@@ -36,7 +38,15 @@ demo: $(VENV)/.installed
 	$(BIN)/jaxmem reproduce --quick --out reports/quick $(if $(DEMO),--only $(DEMO),)
 
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q $(if $(filter 0,$(WORKERS)),,-n $(WORKERS)) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# the inner loop: everything but the subprocess and end-to-end tests marked slow
+test-fast: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
+
+# every notebook executed end to end at tiny size (`make test` executes the quickstart only); CI runs it too
+notebooks: $(VENV)/.installed-dev
+	JAXMEM_TEST_NOTEBOOKS=all $(BIN)/python -m pytest -q $(XDIST) tests/test_notebooks.py -k executes $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
 	$(PIP_INSTALL) -e '.[bench]'

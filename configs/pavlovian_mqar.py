@@ -6,6 +6,7 @@ Settings of the ``mqar`` experiment (``jaxmem/experiments/pavlovian/mqar.py``,
 Quick (2 CPU cores, about 80 min):  jaxmem reproduce --quick --only mqar
 Full (accelerator):                 jaxmem reproduce --only mqar
 Smaller, e.g.:  jaxmem reproduce --quick --only mqar --config.mqar.widths='(16,)' --config.mqar.n_steps=200
+Fewer models:   --config.mqar.models="('softmax', 'delta')"   (a subset of the six, trained in their order)
 
 Expected (quick; accuracy at d_model = 16 / 32 / 64, one seed):
   softmax 0.999 / 1.000 / 1.000, hebb 0.149 / 0.229 / 0.933, delta 0.173 / 0.908 / 1.000,
@@ -27,4 +28,5 @@ def get_config(arg=None):
              short_conv=4, n_steps=20000, batch_size=64, lr=1e-3, eval_batches=16)
   else:
     raise ValueError(f"pavlovian_mqar config variant must be 'quick' or 'full', got {arg!r}.")
+  c.models = ("softmax", "hebb", "delta", "oja", "decay", "gated_delta")   # which of them to train
   return c

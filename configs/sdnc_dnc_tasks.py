@@ -23,7 +23,9 @@ import ml_collections
 
 def get_config(arg=None):
   c = ml_collections.ConfigDict()
-  c.update(tasks=("copy", "repeat_copy", "associative_recall"), num_bits=6, norm_max=10)
+  c.update(tasks=("copy", "repeat_copy", "associative_recall"), num_bits=6, norm_max=10,
+           models=("dnc", "transformer", "+write_gate", "+erase", "+link_reads", "+all_three"),
+           longer=(2, 3, 4))   # the models trained; the longer lengths scored, as multiples of L
   if arg == "quick":
     c.update(copy_length=6, repeat_length=3, max_repeats=2, item_length=2, max_items=4, d_model=48,
              dnc=dict(memory_size=64, word_size=16, num_reads=1, hidden_size=64),

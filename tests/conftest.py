@@ -1,12 +1,50 @@
+import importlib.util
 import os
 import pathlib
 
-import jax
-import pytest
+
+def _compilation_cache_dir() -> str:
+  """JAX's persistent compilation cache for the test session, its subprocesses and notebook kernels:
+  ``$JAXMEM_TEST_COMPILATION_CACHE`` (``0`` turns it off), else ``<user cache>/jaxmem/jax_compilation_cache``.
+  Programs compiled once (by either xdist worker, a subprocess or a kernel) are read back by the others,
+  and by later runs."""
+  value = os.environ.get("JAXMEM_TEST_COMPILATION_CACHE")
+  if value == "0":
+    return ""
+  if value:
+    return value
+  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(root, "jaxmem", "jax_compilation_cache")
+
+
+# set before jax is imported here, and inherited by every subprocess and notebook kernel the tests start
+if _compilation_cache_dir():
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _compilation_cache_dir()
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  if importlib.util.find_spec("filelock"):   # JAX's size limit needs it (a dev dependency)
+    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(2 ** 30)   # least recently used entries go first
+
+# XLA's CPU backend at LLVM optimisation level 0: the suite's time is ~90% compilation, and this cuts the
+# CPU time of compiling by about a third while the programs (HLO passes, fusion, layouts) stay the same;
+# execution is slower, which the few execution-heavy tests pay. JAXMEM_TEST_XLA_OPTIMIZE=1 keeps XLA's default
+# (the code users run). Numerically it is another CPU: the tolerances are argued for any machine.
+if os.environ.get("JAXMEM_TEST_XLA_OPTIMIZE") != "1" and "xla_backend_optimization_level" not in os.environ.get(
+    "XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+if _compilation_cache_dir():   # in case jax was imported before this file (the env is read at import)
+  jax.config.update("jax_compilation_cache_dir", _compilation_cache_dir())
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  if importlib.util.find_spec("filelock"):
+    jax.config.update("jax_compilation_cache_max_size", 2 ** 30)
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+
+pytest_plugins = ["tests.compile_report"]
 
 
 @pytest.fixture
@@ -33,6 +71,40 @@ def subprocess_env(**extra) -> dict:
   env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
   env.update({k: str(v) for k, v in extra.items()})
   return env
+
+
+def wait_until_paused(procs, timeout: float = 300) -> list:
+  """Reads each process's output (text pipes) until it says it paused (``JAXMEM_TEST_PAUSE_AT_STEP``: the
+  training loop stops dead after that step with its checkpoints committed); returns what each printed. A
+  process that ends first fails the test; a watchdog kills them all after ``timeout`` s."""
+  import threading
+  watchdog = threading.Timer(timeout, lambda: [p.kill() for p in procs])
+  watchdog.start()
+  outs = []
+  try:
+    for p in procs:
+      lines = []
+      for line in p.stdout:
+        lines.append(line)
+        if line.startswith("jaxmem: paused at step"):
+          break
+      else:
+        raise AssertionError("a run ended before its pause point:\n" + "".join(lines)[-3000:])
+      outs.append("".join(lines))
+  finally:
+    watchdog.cancel()
+  return outs
+
+
+def forward(model, *args):
+  """``model(*args)``, jitted once per model structure and argument shapes (an eager NNX call compiles op by
+  op and retraces every scan): for tests that re-evaluate a trained model."""
+  from jaxmem.train import apply_model
+  return apply_model(_call_model, model, *args)
+
+
+def _call_model(model, *args):
+  return model(*args)
 
 
 def synthetic_text(n_bytes: int = 30_000, seed: int = 0) -> bytes:

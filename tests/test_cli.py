@@ -1,6 +1,10 @@
-"""The jaxmem command: train / eval / reproduce / bench, and its error messages."""
+"""The jaxmem command: train / eval / reproduce / bench / compile, and its error messages.
+
+The benches run at their smallest sizes (module-level quick sizes patched): their tables' numbers are
+positive and finite, and a ratio or rate is recomputed from the printed numbers it is made of."""
 
 import json
+import math
 
 import pytest
 
@@ -74,12 +78,28 @@ def test_reproduce_list_and_unknown_name(capsys):
   assert "unknown experiment(s) ['nope']" in capsys.readouterr().err
 
 
+def table_rows(text: str, first_cell: str) -> list:
+  """The cells of the Markdown table rows of ``text`` whose first cell is ``first_cell``."""
+  rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()
+          if line.startswith("|")]
+  return [r for r in rows if r[0] == first_cell]
+
+
+def positive_finite(cell: str) -> float:
+  x = float(cell.rstrip("×").replace(",", ""))
+  assert math.isfinite(x) and x > 0, cell
+  return x
+
+
 def test_bench_prints_ratios(capsys, monkeypatch):
   import jaxmem.bench.attention as bench
   monkeypatch.setattr(bench, "_torch_sdpa_timer", lambda *a: None)
+  monkeypatch.setattr(bench, "QUICK_LENGTHS", (16,))   # the smallest run: one short length
   assert main(["bench", "attention", "--quick", "--repeats", "1"]) == 0
   out = capsys.readouterr().out
   assert "jax.nn fwd / ours" in out and "×" in out
+  (row,) = table_rows(out, "16")
+  assert all(positive_finite(c) for c in row[1:5]) and row[5].startswith("n/a")
   assert main(["bench", "nope"]) == 2
 
 
@@ -102,9 +122,20 @@ def test_reproduce_writes_tables_and_figures(synthetic_data_dir, tmp_path):
 def test_bench_dnc_quick_prints_ratio_and_memory(capsys, monkeypatch):
   import jaxmem.bench.dnc as bench_dnc
   monkeypatch.setattr(bench_dnc, "_torch_step_timer", lambda *a: None)
+  monkeypatch.setattr(bench_dnc, "QUICK_SIZES", dict(N=4, W=4, B=2, T=8))   # a small run
   assert main(["bench", "dnc", "--quick", "--repeats", "1"]) == 0
   out = capsys.readouterr().out
   assert "jaxmem DNC (jit, remat)" in out and "XLA temp buffers, jax.checkpoint on the step" in out
+  (ours,) = table_rows(out, "jaxmem DNC (jit, remat)")
+  ms, per_s = positive_finite(ours[1]), positive_finite(ours[2])
+  # sequences / s is B = 2 over the step's time (both printed to ±0.05)
+  assert ours[3] == "1.00×" and 2e3 / (ms + 0.05) - 0.05 <= per_s <= 2e3 / max(ms - 0.05, 1e-9) + 0.05
+  assert table_rows(out, "PyTorch `dnc`")[0][3] == "install: pip install -e '.[bench]'"
+  # the link matrix's bytes are B·N²·4 (one step) and T times that; XLA reports both programs' temp buffers
+  assert table_rows(out, "link matrix, one step (B·N²·4)")[0][1] == f"{2 * 4 * 4 * 4:,}"
+  assert table_rows(out, "link matrix, all T steps if stored")[0][1] == f"{2 * 4 * 4 * 4 * 8:,}"
+  for label in ("XLA temp buffers, jax.checkpoint on the step", "XLA temp buffers, no checkpoint"):
+    positive_finite(table_rows(out, label)[0][1])
 
 
 def test_compile_prints_sizes_checks_and_exports(tmp_path, capsys):
@@ -138,10 +169,18 @@ def test_compile_user_program_and_errors(tmp_path, capsys, monkeypatch):
 
 def test_bench_rasp_quick_prints_ratio(capsys, monkeypatch):
   import jaxmem.bench.rasp as bench_rasp
-  monkeypatch.setattr(bench_rasp, "TRACR_REVERSE_N80_S", 372.0)
-  from jaxmem.rasp import lib
-  monkeypatch.setattr(lib, "PROGRAMS", {k: lib.PROGRAMS[k] for k in ("reverse", "sort", "frac_prevs",
-                                                                     "shuffle_dyck2")})
+  # the smallest run: two programs (a select-aggregate one and a numerical one) at one short length
+  monkeypatch.setattr(bench_rasp, "PROGRAMS", ("reverse", "frac_prevs"))
+  monkeypatch.setattr(bench_rasp, "QUICK_NS", (6,))
+  monkeypatch.setattr(bench_rasp, "QUICK_BATCH", 8)
   assert main(["bench", "rasp", "--quick", "--repeats", "1"]) == 0
   out = capsys.readouterr().out
-  assert "compiled / interpreter" in out and out.count("×") == 8
+  assert "compiled / interpreter" in out and out.count("×") == 2
+  assert "tracr compiles `reverse` at N = 80 in 372 s (published)" in out and "batch of 8" in out
+  for name in ("reverse", "frac_prevs"):
+    (row,) = table_rows(out, name)
+    assert row[1] == "6" and all(positive_finite(c) for c in row[2:8])
+    # the ratio is compiled seq/s over interpreter seq/s (each printed to ±0.5, the ratio to ±0.05; at this
+    # tiny size the compiled model's call overhead can make it print as 0.0×)
+    c, i, ratio = positive_finite(row[6]), positive_finite(row[7]), float(row[8].rstrip("×"))
+    assert (c - 0.5) / (i + 0.5) - 0.05 <= ratio <= (c + 0.5) / max(i - 0.5, 1e-9) + 0.05, row

@@ -26,11 +26,14 @@ def _torch_sdpa_timer(B, T, H, D, repeats) -> Optional[Callable]:
   return timed
 
 
+QUICK_LENGTHS = (256, 1024)   # the sequence lengths of the quick run
+
+
 def bench_attention(quick: bool = False, repeats: int = 5) -> str:
   """Causal softmax attention (ours) vs ``jax.nn.dot_product_attention`` (and torch SDPA)."""
   from jaxmem.kernels.attention import softmax_attention
   B, H, D = 1, 8, 64
-  lengths = (256, 1024) if quick else (512, 2048, 4096)
+  lengths = QUICK_LENGTHS if quick else (512, 2048, 4096)
   ours_f = jax.jit(lambda q, k, v: softmax_attention(q, k, v, causal=True))
   ref_f = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True))
   grad = lambda f: jax.jit(jax.grad(lambda q, k, v: f(q, k, v).sum(), argnums=(0, 1, 2)))

@@ -42,8 +42,10 @@ def _our_step(cfg: DNCConfig, B: int, T: int):
   return step, (params, opt)
 
 
-def _temp_bytes(cfg: DNCConfig, B: int, T: int) -> float:
-  step, args = _our_step(cfg, B, T)
+def _temp_bytes(cfg: DNCConfig, B: int, T: int, compiled: tuple | None = None) -> float:
+  """XLA's temp-buffer bytes of the training step; ``compiled``: that step's ``(step, args)`` if already
+  built (its compiled program is reused)."""
+  step, args = compiled or _our_step(cfg, B, T)
   try:
     stats = step.lower(*args).compile().memory_analysis()
     return float(stats.temp_size_in_bytes)
@@ -77,10 +79,14 @@ def _torch_step_timer(B, T, N, W, R, hidden, width, repeats):
   return lambda: time_host(step, repeats)
 
 
+# the quick run's sizes (slots, word, batch, length); the rest are the standard size's
+QUICK_SIZES = dict(N=16, W=8, B=4, T=16)
+
+
 def bench_dnc(quick: bool = False, repeats: int = 5) -> str:
   N, W, R, B, T, hidden, width = 64, 32, 4, 16, 64, 128, 8
   if quick:
-    N, W, B, T = 16, 8, 4, 16
+    N, W, B, T = (QUICK_SIZES[k] for k in ("N", "W", "B", "T"))
   cfg = DNCConfig(input_dim=width, output_dim=width, memory_size=N, word_size=W, num_reads=R,
                   hidden_size=hidden, controller="lstm", remat=True)
   step, args = _our_step(cfg, B, T)
@@ -93,7 +99,7 @@ def bench_dnc(quick: bool = False, repeats: int = 5) -> str:
                  f"{theirs / ours:.2f}× slower" if theirs > ours else f"{ours / theirs:.2f}× faster"])
   else:
     rows.append(["PyTorch `dnc`", "n/a", "n/a", "install: pip install -e '.[bench]'"])
-  mem_remat = _temp_bytes(cfg, B, T)
+  mem_remat = _temp_bytes(cfg, B, T, compiled=(step, args))
   mem_plain = _temp_bytes(dataclasses.replace(cfg, remat=False), B, T)
   link_per_step = B * N * N * 4
   out = (f"### dnc: training step, N={N}, W={W}, R={R}, batch {B}, T={T}, LSTM {hidden}, "

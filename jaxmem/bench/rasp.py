@@ -18,14 +18,16 @@ from jaxmem.bench.timing import time_host
 from jaxmem.results import markdown_table
 
 TRACR_REVERSE_N80_S = 372.0
+PROGRAMS = ("reverse", "sort", "frac_prevs", "shuffle_dyck2")   # names in jaxmem.rasp.lib.PROGRAMS
+QUICK_NS, QUICK_BATCH = (20, 40), 64                            # the quick run's lengths and batch
 
 
 def bench_rasp(quick: bool = False, repeats: int = 5) -> str:
   from jaxmem import rasp
   from jaxmem.rasp import lib
-  Ns = (20, 40) if quick else (20, 40, 80)
-  names = ("reverse", "sort", "frac_prevs", "shuffle_dyck2")
-  batch = 64 if quick else 256
+  Ns = QUICK_NS if quick else (20, 40, 80)
+  names = PROGRAMS
+  batch = QUICK_BATCH if quick else 256
   rows = []
   for name in names:
     spec = lib.PROGRAMS[name]

@@ -102,11 +102,11 @@ def _compiled(model: nnx.Module, batch: dict) -> tuple:
   state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
   if jax.tree.leaves(rngs):   # a model with dropout: its counters travel in the state (as in the loop)
     state["rngs"] = rngs
-  step = jax.jit(make_train_step(graphdef, rest, lm_loss, tx))
+  step = jax.jit(make_train_step(graphdef, lm_loss, tx))
   model.eval()                # the forward timing is inference: no dropout draws
   egraph, _, erngs, erest = nnx.split(model, nnx.Param, nnx.RngCount, ...)
   forward = jax.jit(lambda p, x: nnx.merge(egraph, p, erngs, erest)(x))
-  train_call, fwd_call = (lambda: step(state, batch)), (lambda: forward(params, batch["inputs"]))
+  train_call, fwd_call = (lambda: step(state, batch, rest)), (lambda: forward(params, batch["inputs"]))
   jax.block_until_ready((train_call(), fwd_call()))
   return train_call, fwd_call
 

@@ -24,9 +24,14 @@ gradient's matmuls (the cotangent and the saved operands are rounded, the produc
 not, as on the hardware). Tests use it to measure what each precision costs in accuracy
 (``jaxmem bench precision`` prints the table) and to check that ``"highest"`` keeps float32
 accuracy on every platform. It is read when a kernel is called and passed to the compiled
-kernel as a static argument; a user's own ``jax.jit`` around a kernel would reuse a trace
-made outside the context, so entering and leaving it clears JAX's caches (it is a
-test and measurement tool, not for production loops).
+kernel as a static argument. A user's own ``jax.jit`` around a kernel is not reused across
+the context's boundary either: the context sets ``jax_default_matmul_precision``, which is
+part of JAX's compilation cache key, so a function traced outside it is traced again inside
+it and the reverse (no cache is cleared, so everything compiled elsewhere stays compiled).
+The one trace it cannot tell apart is one made under a plain
+``jax.default_matmul_precision(platform_default)`` with the same value and no emulation:
+such a trace would be reused without the operand rounding. It is a test and measurement
+tool, not for production loops.
 """
 
 from __future__ import annotations
@@ -79,13 +84,12 @@ def emulate_matmul_precision(platform_default: str) -> Iterator[None]:
   if stack is None:
     stack = _state.stack = []
   stack.append(platform_default)
-  jax.clear_caches()  # no trace made outside the context is reused inside it, nor the reverse
   try:
+    # part of jit's cache key: no trace made outside the context is reused inside it, nor the reverse
     with jax.default_matmul_precision(platform_default):
       yield
   finally:
     stack.pop()
-    jax.clear_caches()
 
 
 @dataclasses.dataclass(frozen=True)

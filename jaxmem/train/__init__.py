@@ -10,6 +10,7 @@ from jaxmem.train.loop import (
     NonFiniteLossError,
     TrainResult,
     TrainTask,
+    apply_model,
     make_optimizer,
     prepare_workdir,
     read_metrics,
@@ -20,7 +21,7 @@ from jaxmem.train.recall import recall_accuracy, recall_mixer, recall_train_conf
 
 __all__ = [
     "DataConfig", "LMConfig", "NonFiniteLossError", "TrainConfig", "TrainResult", "TrainTask",
-    "evaluate_bpb", "lm_loss", "load_trained_lm", "make_optimizer", "prepare_workdir",
+    "apply_model", "evaluate_bpb", "lm_loss", "load_trained_lm", "make_optimizer", "prepare_workdir",
     "read_metrics", "recall_accuracy", "recall_loss", "recall_mixer", "recall_train_config",
     "sequence_loss", "state_floats", "token_nll", "train", "train_lm", "train_recall", "with_ponder_cost",
 ]

@@ -42,11 +42,14 @@ save / eval points), so on an accelerator the device never waits for the host.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 import json
 import math
 import os
 import pathlib
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -116,27 +119,41 @@ def _decay_mask(params: Any) -> Any:
 
 
 
+# the TrainConfig fields the optimizer is built from (and nothing else): runs that agree on them share one
+# optimizer object, hence one compiled step
+OPTIMIZER_FIELDS = ("lr", "warmup_steps", "n_steps", "min_lr_ratio", "grad_clip", "b1", "b2", "weight_decay")
+
+
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-  """AdamW with linear warmup, cosine decay to ``lr * min_lr_ratio``, global-norm clipping."""
+  """AdamW with linear warmup, cosine decay to ``lr * min_lr_ratio``, global-norm clipping.
+
+  The same object for every config with the same :data:`OPTIMIZER_FIELDS` (so seeds and resumed runs
+  reuse one compiled train step)."""
+  return _optimizer(*(getattr(cfg, f) for f in OPTIMIZER_FIELDS))
+
+
+@functools.lru_cache(maxsize=64)
+def _optimizer(lr, warmup_steps, n_steps, min_lr_ratio, grad_clip, b1, b2, weight_decay):
   schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps,
-      decay_steps=cfg.n_steps, end_value=cfg.lr * cfg.min_lr_ratio,
+      init_value=0.0, peak_value=lr, warmup_steps=warmup_steps,
+      decay_steps=n_steps, end_value=lr * min_lr_ratio,
   )
   parts = []
-  if cfg.grad_clip > 0:
-    parts.append(optax.clip_by_global_norm(cfg.grad_clip))
-  parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
-                           mask=_decay_mask))
+  if grad_clip > 0:
+    parts.append(optax.clip_by_global_norm(grad_clip))
+  parts.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay, mask=_decay_mask))
   return optax.chain(*parts)
 
 
-def make_train_step(graphdef, rest, loss_fn, tx) -> Callable:
-  """The pure step ``(state, batch) -> (state, metrics)``; ``state = {step, params, opt_state}``, plus
+def make_train_step(graphdef, loss_fn, tx) -> Callable:
+  """The pure step ``(state, batch, rest) -> (state, metrics)``; ``state = {step, params, opt_state}``, plus
   ``rngs`` (the model's ``nnx.RngCount`` counters, advanced by the loss's random draws) when it has any;
-  ``graphdef`` and ``rest`` come from ``nnx.split(model, nnx.Param, nnx.RngCount, ...)``. (A model with
-  random streams split as ``nnx.split(model, nnx.Param, ...)`` would keep its counters in ``rest``, which
-  the step cannot update: flax raises ``TraceContextError``.) The loss is taken in float32."""
-  def step(state, batch):
+  ``graphdef`` and ``rest`` come from ``nnx.split(model, nnx.Param, nnx.RngCount, ...)`` (``rest``: the
+  module's other state, held constant; an argument, not a constant baked into the program, so that one
+  compiled step serves every model of the same structure). (A model with random streams split as
+  ``nnx.split(model, nnx.Param, ...)`` would keep its counters in ``rest``, which the step cannot update:
+  flax raises ``TraceContextError``.) The loss is taken in float32."""
+  def step(state, batch, rest):
     def objective(params):
       # fresh Variables at this trace level (the counters are mutated by the loss's draws)
       counters = jax.tree.map(lambda x: x, state.get("rngs", nnx.State({})))
@@ -153,6 +170,37 @@ def make_train_step(graphdef, rest, loss_fn, tx) -> Callable:
       new["rngs"] = rngs
     return new, metrics
   return step
+
+
+_STEP_CACHE: collections.OrderedDict = collections.OrderedDict()
+_STEP_CACHE_SIZE = 16
+
+
+def compiled_train_step(graphdef, loss_fn, tx, state_sharding, data_sharding, replicated) -> Callable:
+  """``jax.jit`` of :func:`make_train_step`, one per (model structure, loss, optimizer, layout).
+
+  ``jax.jit`` caches compiled programs per function object; a fresh closure per :func:`train` call would
+  trace and compile the same step again for every seed, resume or repeated run. Here the jitted step is
+  kept (the last :data:`_STEP_CACHE_SIZE` of them) under a key of everything the program depends on: the
+  graph definition (the model's structure and static config), ``loss_fn`` and ``tx`` (by identity:
+  :func:`make_optimizer` returns one object per optimizer config; pass module-level or value-hashable
+  losses) and the shardings. Array shapes and dtypes are jit's own key."""
+  key = (graphdef, loss_fn, tx, jax.tree.structure(state_sharding), tuple(jax.tree.leaves(state_sharding)),
+         data_sharding, replicated)
+  jitted = _STEP_CACHE.get(key)
+  if jitted is None:
+    jitted = jax.jit(
+        make_train_step(graphdef, loss_fn, tx),
+        in_shardings=(state_sharding, data_sharding, replicated),   # rest: replicated
+        out_shardings=(state_sharding, replicated),                  # metrics: replicated
+        donate_argnums=(0,),
+    )
+    _STEP_CACHE[key] = jitted
+    while len(_STEP_CACHE) > _STEP_CACHE_SIZE:
+      _STEP_CACHE.popitem(last=False)
+  else:
+    _STEP_CACHE.move_to_end(key)
+  return jitted
 
 
 class _MetricsLog:
@@ -205,8 +253,31 @@ def read_metrics(path: str | os.PathLike) -> list:
   return rows
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _apply(graphdef, fn, state, *args):
+  return fn(nnx.merge(graphdef, state), *args)
+
+
+def apply_model(fn: Callable, model: nnx.Module, *args):
+  """``fn(model, *args)``, jitted and compiled once per (model structure, ``fn``, argument shapes).
+
+  For evaluation helpers that run a model over many batches or are called once per run: a ``jax.jit``
+  closure built inside the helper would be a new function on every call and compile again. ``fn`` is part
+  of the compilation key, so it must be a stable, hashable callable (a module-level function, not a lambda
+  made per call). The model's state is read, not updated (eval-mode models: no random draws)."""
+  graphdef, state = nnx.split(model)
+  return _apply(graphdef, fn, state, *args)
+
+
 def _to_host(metrics: dict) -> dict:
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+def _pause(step: int, ckpt: Checkpointer) -> None:
+  """``JAXMEM_TEST_PAUSE_AT_STEP``: commits the checkpoints, says so on stdout and blocks until killed."""
+  ckpt.wait()
+  print(f"jaxmem: paused at step {step} (JAXMEM_TEST_PAUSE_AT_STEP)", flush=True)
+  threading.Event().wait()
 
 
 def train(
@@ -266,16 +337,11 @@ def train(
   start = int(jax.device_get(state["step"]))
   log = _MetricsLog(workdir / "metrics.jsonl", start, writes=main)
 
-  jitted = jax.jit(
-      make_train_step(graphdef, rest, task.loss_fn, tx),
-      in_shardings=(state_sharding, data_sharding),
-      out_shardings=(state_sharding, replicated),
-      donate_argnums=(0,),
-  )
+  jitted = compiled_train_step(graphdef, task.loss_fn, tx, state_sharding, data_sharding, replicated)
 
   def step_fn(state, batch):
     with jax.set_mesh(mesh):  # the mixers' activation constraints (jaxmem.sharding.constrain) see it
-      return jitted(state, batch)
+      return jitted(state, batch, rest)
 
   n_proc, proc = jax.process_count(), jax.process_index()
   checked_rows: set = set()   # global batch sizes whose row placement was checked
@@ -304,7 +370,9 @@ def train(
     return model
 
   end = cfg.n_steps if stop_after is None else min(cfg.n_steps, start + stop_after)
-  delay = float(os.environ.get("JAXMEM_TEST_STEP_DELAY", "0") or 0)  # test hook: slow steps
+  # test hook: stop dead after this step, its metrics logged and every checkpoint committed, until killed
+  # (the tests SIGKILL a run at a known point instead of slowing every step and racing it)
+  pause_at = int(os.environ.get("JAXMEM_TEST_PAUSE_AT_STEP", "0") or 0)
   bar = None
   if progress and main:
     from tqdm.auto import tqdm
@@ -361,8 +429,11 @@ def train(
           ckpt.save(done, state, {"data": task.train_iter.get_state(), "step": done})
       else:
         pending = (done, metrics)
-      if delay:
-        time.sleep(delay)
+      if done == pause_at:
+        if pending is not None:
+          consume(*pending)
+          pending = None
+        _pause(done, ckpt)
     if pending is not None:
       consume(*pending)
   finally:

@@ -14,9 +14,11 @@ loss                             used by
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import numbers
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -101,16 +103,24 @@ def with_ponder_cost(loss_fn, tau: float):
   1e-3 to 1e-1); ``loss_fn`` must call the model once."""
   if isinstance(tau, bool) or not isinstance(tau, numbers.Real) or not 0 <= tau < math.inf:
     raise ValueError(f"`tau` must be a finite number >= 0, got {tau!r}.")
+  return _PonderCost(loss_fn, float(tau))
 
-  def loss(model, batch):
+
+@dataclasses.dataclass(frozen=True)
+class _PonderCost:
+  """:func:`with_ponder_cost`'s loss; equal (and hashing equal) for the same ``loss_fn`` and ``tau``, so runs
+  that build it anew share one compiled train step (:func:`jaxmem.train.loop.compiled_train_step`)."""
+
+  loss_fn: Callable
+  tau: float
+
+  def __call__(self, model, batch):
     proxy = _LogitsOnly(model)
-    value, metrics = loss_fn(proxy, batch)
+    value, metrics = self.loss_fn(proxy, batch)
     if proxy.aux is None or "ponder" not in proxy.aux:
       raise ValueError("with_ponder_cost: the model returned no 'ponder' (or `loss_fn` never called it).")
     ponder = jnp.mean(proxy.aux["ponder"].astype(jnp.float32))
-    return value + tau * ponder, {**metrics, "ponder": ponder}
-
-  return loss
+    return value + self.tau * ponder, {**metrics, "ponder": ponder}
 
 
 __all__ = ["LN2", "lm_loss", "masked_mean", "recall_loss", "sequence_loss", "squared_error_loss", "token_nll",

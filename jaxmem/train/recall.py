@@ -26,7 +26,7 @@ from flax import nnx
 from jaxmem.kernels.assoc import ERASE_RULES
 from jaxmem.models import AssocConfig, MixerConfig, SoftmaxConfig, TransformerConfig, TransformerLM
 from jaxmem.train.config import TrainConfig
-from jaxmem.train.loop import TrainTask, train
+from jaxmem.train.loop import TrainTask, apply_model, train
 from jaxmem.train.losses import recall_loss
 
 
@@ -60,9 +60,11 @@ def train_recall(mcfg: TransformerConfig, stream, cfg: TrainConfig, workdir: str
 def recall_accuracy(model: nnx.Module, stream, n_batches: int) -> float:
   """Mean over the first ``n_batches`` batches of ``stream`` of the query-position accuracy
   (:func:`~jaxmem.train.losses.recall_loss`'s ``accuracy``)."""
-  graphdef, state = nnx.split(model)
-  f = jax.jit(lambda st, b: recall_loss(nnx.merge(graphdef, st), b)[1]["accuracy"])
-  return float(np.mean([float(f(state, stream.batch_at(i))) for i in range(n_batches)]))
+  return float(np.mean([float(apply_model(_accuracy, model, stream.batch_at(i))) for i in range(n_batches)]))
+
+
+def _accuracy(model: nnx.Module, batch: dict) -> jax.Array:
+  return recall_loss(model, batch)[1]["accuracy"]
 
 
 def state_floats(cfg: TransformerConfig, seq_len: int) -> int:

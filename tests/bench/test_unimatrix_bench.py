@@ -1,4 +1,5 @@
-"""``jaxmem bench unimatrix`` at a tiny size: the equal-parameter match and the tables' structure."""
+"""``jaxmem bench unimatrix`` at a tiny size: the equal-parameter match, the tables' structure, and each ratio
+recomputed from the tokens/s it divides."""
 
 from __future__ import annotations
 
@@ -49,11 +50,15 @@ def test_bench_unimatrix_tiny_tables_have_positive_finite_ratios():
     assert [r[1].split(" ")[0] for r in rows] == ["Transformer", "Core"]
     assert all(r[0] == "16" for r in rows)
     assert rows[0][4] == "1.00×"
+    base = float(rows[0][3].replace(",", ""))
     for r in rows:
       assert int(r[2].replace(",", "")) > 0
-      assert float(r[3].replace(",", "")) > 0
+      tps = float(r[3].replace(",", ""))
+      assert tps > 0
       ratio = float(r[4].rstrip("×"))
       assert math.isfinite(ratio) and ratio > 0
+      # the ratio is this row's tokens/s over the Transformer's (both printed to ±0.5, the ratio to ±0.005)
+      assert (tps - 0.5) / (base + 0.5) - 0.005 <= ratio <= (tps + 0.5) / (base - 0.5) + 0.005, (r, base)
   # equal parameters: the matched Transformer is within one FFN unit per layer of Core
   params = [int(r[2].replace(",", "")) for r in train[2:]]
   assert abs(params[0] - params[1]) <= 4 * 129

@@ -1,11 +1,15 @@
-"""Random training windows (deterministic, resumable) and exhaustive eval windows."""
+"""Random training windows (deterministic, resumable), exhaustive eval windows, keyed generator streams."""
 
+import functools
+from typing import NamedTuple
+
+import jax
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxmem.data import RandomWindows, eval_windows, ngram_bpb
+from jaxmem.data import KeyedBatches, RandomWindows, eval_windows, ngram_bpb
 
 
 def test_targets_are_inputs_shifted_by_one():
@@ -78,17 +82,33 @@ def test_ngram_bpb_of_a_deterministic_cycle():
   assert ngram_bpb(cycle, cycle, 1, alpha=1e-9) == pytest.approx(2.0, abs=1e-6)
 
 
+class _Draw(NamedTuple):
+  values: jax.Array
+  ids: jax.Array
+
+
+@functools.partial(jax.jit, static_argnames=("n",))
+def _draw(key, *, n):
+  """A tiny pure generator (one cheap compilation): the stream logic, not a task, is under test."""
+  k1, k2 = jax.random.split(key)
+  return _Draw(jax.random.uniform(k1, (n,)), jax.random.randint(k2, (n,), 0, 1000))
+
+
 def test_keyed_batches_resume_the_exact_stream():
-  from jaxmem.data import KeyedBatches
-  from jaxmem.tasks import copy_task
-  a = KeyedBatches(copy_task, 3, batch_size=2, num_bits=3, min_length=1, max_length=4)
+  a = KeyedBatches(_draw, 3, n=5)
   [next(a) for _ in range(3)]
   state = a.get_state()
+  assert state == {"seed": 3, "position": 3}
   want = next(a)
-  b = KeyedBatches(copy_task, 0, batch_size=2, num_bits=3, min_length=1, max_length=4)
+  b = KeyedBatches(_draw, 0, n=5)
   b.set_state(state)
   got = next(b)
-  assert set(got) == {"observations", "targets", "mask"}
+  assert set(got) == {"values", "ids"} and all(isinstance(v, np.ndarray) for v in got.values())
   for k in got:
     np.testing.assert_array_equal(got[k], want[k])
-  assert not np.array_equal(a.batch_at(0)["observations"], a.batch_at(1)["observations"])
+  # the batch at position p is the generator at fold_in(key(seed), p)
+  at3 = _draw(jax.random.fold_in(jax.random.key(3), 3), n=5)
+  for k in got:
+    np.testing.assert_array_equal(got[k], np.asarray(getattr(at3, k)))
+  assert not np.array_equal(a.batch_at(0)["values"], a.batch_at(1)["values"])
+  assert not np.array_equal(KeyedBatches(_draw, 4, n=5).batch_at(0)["values"], a.batch_at(0)["values"])

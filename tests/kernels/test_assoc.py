@@ -2,20 +2,30 @@
 
 Every execution form (recurrent, parallel, chunked, auto) is checked against a float64
 per-token loop written from the update equations, on values, final states and gradients,
-with odd lengths (T not a multiple of the chunk) and widths that are not powers of two.
+with odd lengths (T not a multiple of the chunk) and widths that are not powers of two;
+gradients also against float64 finite differences.
+
+Two canonical shapes serve the module: ``SHAPE`` (B = 2, T = 37 with chunk 16: three chunks,
+the last padded; H = 3, D_k = 12 below the chunk, D_v = 5; its second row is the batch of one)
+and ``WIDE`` (B = 1, T = 63, H = 2, D_k = 60 above the chunk, D_v = 7). The numpy references
+are computed once per (rule, shape), and each (rule, mode) compiles one program that returns
+outputs, final states and the gradients of a random cotangent (:func:`results`), shared by
+every test that needs them.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
 
 from jaxmem.kernels import assoc
 from jaxmem.kernels.assoc import associative_memory, init, step
 
 RULES = ["hebb", "delta", "oja", "decay", "gated_delta"]
 DECAYS = ("decay", "gated_delta")
+NAMES = ("q", "k", "v", "beta", "decay", "initial_state")
 
 
 def modes_for(rule):
@@ -74,16 +84,114 @@ def call(rule, mode, q, k, v, beta, decay, S0, chunk=16, **kw):
 
 
 # ----------------------------------------------------------------------------------------
+# the canonical shapes, their references and their compiled programs
+
+CHUNK = 16
+SHAPE = (2, 37, 3, 12, 5)  # B, T, H, D_k, D_v
+WIDE = (1, 63, 2, 60, 7)
+SEEDS = {SHAPE: 1, WIDE: 21}
+
+
+def rows(xs, start):
+  """The batch rows ``start:`` of each array (a batch of one from a batch of two), as numpy arrays."""
+  return tuple(None if x is None else np.asarray(x)[start:] for x in xs)
+
+
+@functools.cache
+def inputs(shape=SHAPE):
+  return make_inputs(*shape, seed=SEEDS[shape])
+
+
+@functools.cache
+def cotangents(shape=SHAPE):
+  """Random cotangents of ``(o [B, T, H, D_v], S_T [B, H, D_v, D_k])``."""
+  B, T, H, Dk, Dv = shape
+  r = np.random.default_rng(SEEDS[shape] + 100)
+  return (jnp.asarray(r.normal(size=(B, T, H, Dv)), jnp.float32),
+          jnp.asarray(r.normal(size=(B, H, Dv, Dk)), jnp.float32))
+
+
+@functools.cache
+def reference(rule, shape=SHAPE):
+  """The float64 numpy loop on ``inputs(shape)``: ``(o, S_T)``."""
+  q, k, v, beta, decay, S0 = inputs(shape)
+  return numpy_assoc(q, k, v, beta, decay if rule in DECAYS else None, S0, rule)
+
+
+@functools.cache
+def value_and_grads(rule, mode, chunk=CHUNK):
+  """One jitted program: ``(o, S_T, pullback of (cot_o, cot_S) to q, k, v, beta, decay, S_0)``."""
+  def run(cot_o, cot_S, *xs):
+    (o, S), pullback = jax.vjp(lambda *xs: call(rule, mode, *xs, chunk=chunk), *xs)
+    return o, S, pullback((cot_o, cot_S))
+  return jax.jit(run)
+
+
+@functools.cache
+def results(rule, mode, shape=SHAPE, start=0):
+  """``value_and_grads`` on the canonical inputs (batch rows ``start:``), as numpy arrays."""
+  xs, cot = rows(inputs(shape), start), rows(cotangents(shape), start)
+  return jax.device_get(value_and_grads(rule, mode)(*cot, *xs))
+
+
+def assert_grads_close(got, want, rule, msg, rtol=2e-4, atol=2e-5):
+  for name, a, b in zip(NAMES, got, want, strict=True):
+    if name == "decay" and rule not in DECAYS:
+      assert not np.any(a) and not np.any(b), f"{msg}: d/ddecay of a rule without decay"
+      continue
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=f"{msg} d/d{name}")
+
+
+@functools.cache
+def directional_derivatives(f):
+  """check_grads' reverse-mode test as one jitted program: for a tangent t and a cotangent c,
+  ``(<c, (f(x + εt) − f(x − εt)) / 2ε>, <vjp_x(c), t>)``; the three points run as one batch."""
+  def run(args, tangent, cotangent, eps):
+    def at(s):
+      out, pullback = jax.vjp(f, *(a + s * eps * t for a, t in zip(args, tangent, strict=True)))
+      return out, pullback(cotangent)
+    outs, grads = jax.vmap(at)(jnp.asarray([0.0, 1.0, -1.0], eps.dtype))
+    inner = lambda xs, ys: sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(xs), jax.tree.leaves(ys),
+                                                              strict=True))
+    diff = jax.tree.map(lambda o: (o[1] - o[2]) / (2 * eps), outs)
+    return inner(cotangent, diff), inner(jax.tree.map(lambda g: g[0], grads), tangent)
+  return jax.jit(run)
+
+
+def check_vjp_float64(f, args, eps, seed=0):
+  """``check_grads(f, args, order=1, modes=("rev",), eps=eps)`` on float64 inputs as one compiled
+  program: one random direction, check_grads' float64 tolerances (atol = rtol = 1e-5)."""
+  r = np.random.default_rng(seed)
+  tangent = tuple(jnp.asarray(r.normal(size=a.shape), jnp.float64) for a in args)
+  cotangent = jax.tree.map(lambda o: jnp.asarray(r.normal(size=o.shape), jnp.float64),
+                           jax.eval_shape(f, *args))
+  numeric, analytic = directional_derivatives(f)(tuple(args), tangent, cotangent, jnp.float64(eps))
+  np.testing.assert_allclose(analytic, numeric, rtol=1e-5, atol=1e-5)
+
+
+@functools.cache
+def float64_kernel(rule, mode, chunk=3):
+  """``(q, k, v, beta, S_0[, decay]) -> (o, S_T)`` for the finite-difference checks."""
+  def f(q, k, v, beta, S0, decay=None):
+    return associative_memory(q, k, v, beta, rule=rule, mode=mode, chunk_size=chunk, decay=decay,
+                              initial_state=S0, return_state=True)
+  return f
+
+
+# ----------------------------------------------------------------------------------------
 # values
 
 
 @pytest.mark.parametrize("rule", RULES)
 def test_every_mode_matches_numpy_loop_with_initial_state(rule):
-  # T = 37 with chunk 16 (3 chunks, the last padded), D_k = 12, D_v = 5
-  q, k, v, beta, decay, S0 = make_inputs(2, 37, 3, 12, 5, seed=1)
-  ref_o, ref_S = numpy_assoc(q, k, v, beta, decay if rule in DECAYS else None, S0, rule)
-  for mode in modes_for(rule):
-    o, S = call(rule, mode, q, k, v, beta, decay, S0)
+  # SHAPE: T = 37 with chunk 16 (3 chunks, the last padded), D_k = 12, D_v = 5. auto is
+  # called forward only (the recurrent form on CPU); its differentiated program, the chunked
+  # form's JVP: test_auto_runs_the_fast_forward_and_differentiates_the_chunked_form and
+  # test_assoc_numerics.py::test_decay_and_beta_grid_finite_and_exact_under_jit
+  ref_o, ref_S = reference(rule)
+  outs = {mode: results(rule, mode)[:2] for mode in modes_for(rule) if mode != "auto"}
+  outs["auto"] = call(rule, "auto", *inputs())
+  for mode, (o, S) in outs.items():
     assert o.shape == (2, 37, 3, 5) and o.dtype == jnp.float32, mode
     assert S.shape == (2, 3, 5, 12) and S.dtype == jnp.float32, mode
     np.testing.assert_allclose(o, ref_o, rtol=1e-4, atol=2e-5, err_msg=f"{rule} {mode} o")
@@ -92,158 +200,171 @@ def test_every_mode_matches_numpy_loop_with_initial_state(rule):
 
 @pytest.mark.parametrize("rule", RULES)
 def test_chunked_matches_numpy_loop_without_state_or_beta(rule):
-  # D_k = 60, T = 63 with chunk 16; beta=None means 1 (unit keys: β‖k‖² = 1 is stable)
-  q, k, v, _, decay, _ = make_inputs(1, 63, 2, 60, 7, seed=2, with_state=False)
+  # WIDE: B = 1, D_k = 60, T = 63 with chunk 16; beta=None means 1 (unit keys: β‖k‖² = 1 is
+  # stable), initial_state=None means zeros
+  q, k, v, _, decay, _ = inputs(WIDE)
   ref_o, ref_S = numpy_assoc(q, k, v, None, decay if rule in DECAYS else None, None, rule)
   o, S = call(rule, "chunked", q, k, v, None, decay, None)
   np.testing.assert_allclose(o, ref_o, rtol=1e-4, atol=2e-5)
   np.testing.assert_allclose(S, ref_S, rtol=1e-4, atol=2e-5)
 
 
+_chunked = jax.jit(assoc.chunked, static_argnames=("rule", "chunk_size", "group"))
+
+
+def chunked_row_1(rule, chunk, group):
+  """``assoc.chunked`` on SHAPE's second row (B = 1, T = 37, with its initial state)."""
+  q, k, v, beta, decay, S0 = rows(inputs(), 1)
+  lg = np.log(decay) if rule in DECAYS else None
+  return _chunked(q, k, v, beta, lg, S0, rule=rule, chunk_size=chunk, group=group)
+
+
 @pytest.mark.parametrize("rule,chunk,group", [
-    ("delta", 8, 2), ("oja", 8, 2), ("gated_delta", 8, 2), ("decay", 8, 1), ("delta", 1, 4),
-    ("oja", 64, None), ("gated_delta", 64, None),
+    ("delta", 8, 2), ("delta", 1, 4), ("oja", 64, None), ("gated_delta", 64, None),
 ])
 def test_chunked_grouping_and_chunk_sizes(rule, chunk, group):
-  # T = 37: chunk 8 gives 5 chunks, in groups of 2 the last group is half padding;
-  # chunk 1 is the recurrence itself; chunk 64 > T is one chunk of T.
-  q, k, v, beta, decay, S0 = make_inputs(1, 37, 2, 5, 3, seed=3)
-  lg = jnp.log(decay) if rule in DECAYS else None
-  o, S = assoc.chunked(q, k, v, beta, lg, S0, rule=rule, chunk_size=chunk, group=group)
-  ref_o, ref_S = numpy_assoc(q, k, v, beta, decay if rule in DECAYS else None, S0, rule)
-  np.testing.assert_allclose(o, ref_o, rtol=1e-4, atol=2e-5)
-  np.testing.assert_allclose(S, ref_S, rtol=1e-4, atol=2e-5)
+  # B = 1, T = 37: chunk 8 gives 5 chunks, groups of 2 leave a tail group of one chunk (sliced
+  # without a batch axis when B = 1); chunk 1 is the recurrence itself; chunk 64 > T is one
+  # chunk of T (its inverse padded from 37 to 40). Every rule at chunk 5 in groups:
+  # test_chunked_with_initial_state_equals_recurrent.
+  o, S = chunked_row_1(rule, chunk, group)
+  ref_o, ref_S = reference(rule)
+  np.testing.assert_allclose(o, ref_o[1:], rtol=1e-4, atol=2e-5)
+  np.testing.assert_allclose(S, ref_S[1:], rtol=1e-4, atol=2e-5)
 
 
-@pytest.mark.parametrize("rule,T,chunk", [
-    ("delta", 63, 16), ("gated_delta", 37, 8), ("oja", 63, 16), ("decay", 37, 16),
-])
-def test_chunked_batch_of_one_equals_its_row_of_a_batch(rule, T, chunk):
-  # B = 1 groups the sequence by a reshape alone (no batch axis), B > 1 by a transpose:
-  # both paths give the numpy loop's values and final states and the same gradients.
-  # D_k = 60 and T not a multiple of the chunk (the last chunk padded).
-  q, k, v, beta, decay, S0 = make_inputs(2, T, 2, 60, 12, seed=21)
-  ref_o, ref_S = numpy_assoc(q, k, v, beta, decay if rule in DECAYS else None, S0, rule)
-  one = lambda x: x[1:]
-  o2, S2 = call(rule, "chunked", q, k, v, beta, decay, S0, chunk=chunk)
-  o1, S1 = call(rule, "chunked", *map(one, (q, k, v, beta, decay, S0)), chunk=chunk)
-  np.testing.assert_allclose(o2, ref_o, rtol=1e-4, atol=2e-5)
-  np.testing.assert_allclose(S2, ref_S, rtol=1e-4, atol=2e-5)
+@pytest.mark.parametrize("rule", ["delta", "gated_delta", "oja", "decay"])
+def test_chunked_batch_of_one_equals_its_row_of_a_batch(rule):
+  # B = 1 groups the sequence by a reshape alone (no batch axis), B > 1 by a transpose: SHAPE's
+  # second row alone gives the numpy loop's values and final states, and the gradients of
+  # that row in the batch of two, chunked and recurrent. (B = 1 at D_k = 60:
+  # test_chunked_matches_numpy_loop_without_state_or_beta.)
+  ref_o, ref_S = reference(rule)
+  o1, S1, g1 = results(rule, "chunked", start=1)
   np.testing.assert_allclose(o1, ref_o[1:], rtol=1e-4, atol=2e-5)
   np.testing.assert_allclose(S1, ref_S[1:], rtol=1e-4, atol=2e-5)
-
-  r = np.random.default_rng(22)
-  cot_o = jnp.asarray(r.normal(size=(2, T, 2, 12)), jnp.float32)
-  cot_S = jnp.asarray(r.normal(size=(2, 2, 12, 60)), jnp.float32)
-
-  def grads(mode, cot_o, cot_S, *xs):
-    def f(*xs):
-      o, S = call(rule, mode, *xs, chunk=chunk)
-      return jnp.sum(o * cot_o) + jnp.sum(S * cot_S)
-    return jax.jit(jax.grad(f, argnums=tuple(range(6))))(*xs)
-
-  g2 = grads("chunked", cot_o, cot_S, q, k, v, beta, decay, S0)
-  g1 = grads("chunked", one(cot_o), one(cot_S), *map(one, (q, k, v, beta, decay, S0)))
-  ref1 = grads("recurrent", one(cot_o), one(cot_S), *map(one, (q, k, v, beta, decay, S0)))
-  names = ["q", "k", "v", "beta", "decay", "initial_state"]
-  for name, a, b, c in zip(names, g1, g2, ref1, strict=True):
-    if name == "decay" and rule not in DECAYS:
-      continue
-    np.testing.assert_allclose(a, c, rtol=2e-4, atol=2e-5, err_msg=f"B=1 vs recurrent d/d{name}")
-    np.testing.assert_allclose(a, b[1:], rtol=2e-4, atol=2e-5, err_msg=f"B=1 vs B=2 d/d{name}")
+  assert_grads_close(g1, rows(results(rule, "recurrent")[2], 1), rule, "B=1 vs recurrent")
+  assert_grads_close(g1, rows(results(rule, "chunked")[2], 1), rule, "B=1 vs B=2")
 
 
 def test_hebb_parallel_is_causal_linear_attention():
-  q, k, v, _, _, _ = make_inputs(2, 29, 3, 12, 5, seed=4, with_state=False)
-  mask = jnp.tril(jnp.ones((29, 29), bool))[None, None]
-  scores = jnp.where(mask, jnp.einsum("bthd,bshd->bhts", q, k), 0.0)
-  linear_attention = jnp.einsum("bhts,bshe->bthe", scores, v)  # o_t = Σ_{s≤t} (q_t·k_s) v_s
-  o = associative_memory(q, k, v, rule="hebb", mode="parallel")
+  # o_t = Σ_{s≤t} (q_t·k_s) v_s in float64 against (hebb, parallel) with β = 1 and S_0 = 0
+  q, k, v, beta, decay, S0 = inputs()
+  o = value_and_grads("hebb", "parallel")(*cotangents(), q, k, v, jnp.ones_like(beta), decay,
+                                          jnp.zeros_like(S0))[0]
+  q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
+  mask = np.tril(np.ones((37, 37), bool))[None, None]
+  scores = np.where(mask, np.einsum("bthd,bshd->bhts", q64, k64), 0.0)
+  linear_attention = np.einsum("bhts,bshe->bthe", scores, v64)
   np.testing.assert_allclose(o, linear_attention, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rule,chunk", [(r, 5) for r in RULES] + [("oja", 100), ("gated_delta", 100)])
-def test_chunked_with_initial_state_equals_recurrent(rule, chunk):
-  q, k, v, beta, decay, S0 = make_inputs(2, 23, 2, 6, 4, seed=5)
-  o_r, S_r = call(rule, "recurrent", q, k, v, beta, decay, S0)
-  o_c, S_c = call(rule, "chunked", q, k, v, beta, decay, S0, chunk=chunk)
-  np.testing.assert_allclose(o_c, o_r, rtol=1e-4, atol=2e-5)
-  np.testing.assert_allclose(S_c, S_r, rtol=1e-4, atol=2e-5)
+@pytest.mark.parametrize("rule,group", [
+    ("hebb", None), ("delta", 3), ("oja", 3), ("decay", 1), ("gated_delta", 3),
+])
+def test_chunked_with_initial_state_equals_recurrent(rule, group):
+  # chunk 5: odd, below the inverse's block size 8; T = 37 is 8 chunks, the last padded by 3,
+  # in groups of 3 (a tail group of 2), of 1, or all in one; B = 1 (SHAPE's second row)
+  o, S = chunked_row_1(rule, 5, group)
+  o_r, S_r = rows(results(rule, "recurrent")[:2], 1)
+  ref_o, ref_S = reference(rule)
+  np.testing.assert_allclose(o, o_r, rtol=1e-4, atol=2e-5)
+  np.testing.assert_allclose(S, S_r, rtol=1e-4, atol=2e-5)
+  np.testing.assert_allclose(o, ref_o[1:], rtol=1e-4, atol=2e-5)
+  np.testing.assert_allclose(S, ref_S[1:], rtol=1e-4, atol=2e-5)
 
 
 def test_splitting_a_sequence_carries_the_state():
-  q, k, v, beta, decay, _ = make_inputs(1, 40, 2, 6, 4, seed=6, with_state=False)
-  o, S = call("gated_delta", "chunked", q, k, v, beta, decay, None)
-  o1, S1 = call("gated_delta", "chunked", q[:, :25], k[:, :25], v[:, :25], beta[:, :25],
-                decay[:, :25], None)
-  o2, S2 = call("gated_delta", "chunked", q[:, 25:], k[:, 25:], v[:, 25:], beta[:, 25:],
-                decay[:, 25:], S1)
-  np.testing.assert_allclose(jnp.concatenate([o1, o2], axis=1), o, rtol=1e-4, atol=2e-5)
+  # gated_delta, chunk 16: tokens 0..20 (two chunks, the second padded by 11 tokens that must
+  # leave the carried state as it is), then 21..36 from that state, equal the whole sequence
+  q, k, v, beta, decay, S0 = (np.asarray(x) for x in inputs())
+  o, S = results("gated_delta", "chunked")[:2]
+  o1, S1 = call("gated_delta", "chunked", *(x[:, :21] for x in (q, k, v, beta, decay)), S0)
+  o2, S2 = call("gated_delta", "chunked", *(x[:, 21:] for x in (q, k, v, beta, decay)), S1)
+  np.testing.assert_allclose(np.concatenate([o1, o2], axis=1), o, rtol=1e-4, atol=2e-5)
   np.testing.assert_allclose(S2, S, rtol=1e-4, atol=2e-5)
+
+
+@functools.partial(jax.jit, static_argnames=("rule",))
+def _step_over_sequence(S0, q, k, v, beta, decay, *, rule):
+  def body(S, x):
+    q_t, k_t, v_t, b_t, g_t = x
+    return step(S, q_t, k_t, v_t, b_t, g_t if rule in DECAYS else None, rule=rule)
+  S, o = jax.lax.scan(body, S0, tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, beta, decay)))
+  return jnp.moveaxis(o, 0, 1), S
 
 
 @pytest.mark.parametrize("rule", RULES)
 def test_step_over_a_sequence_equals_the_sequence_form(rule):
-  B, T, H, Dk, Dv = 2, 11, 3, 6, 4
-  q, k, v, beta, decay, S0 = make_inputs(B, T, H, Dk, Dv, seed=7)
-  o_seq, S_seq = call(rule, "chunked", q, k, v, beta, decay, S0, chunk=4)
-  step_fn = jax.jit(lambda S, q, k, v, b, g: step(S, q, k, v, b, g if rule in DECAYS else None,
-                                                  rule=rule))
-  S, outs = S0, []
-  for t in range(T):
-    S, o_t = step_fn(S, q[:, t], k[:, t], v[:, t], beta[:, t], decay[:, t])
-    outs.append(o_t)
-  np.testing.assert_allclose(jnp.stack(outs, axis=1), o_seq, rtol=1e-4, atol=2e-5)
+  q, k, v, beta, decay, S0 = inputs()
+  o, S = _step_over_sequence(S0, q, k, v, beta, decay, rule=rule)
+  o_seq, S_seq = results(rule, "chunked")[:2]
+  np.testing.assert_allclose(o, o_seq, rtol=1e-4, atol=2e-5)
   np.testing.assert_allclose(S, S_seq, rtol=1e-4, atol=2e-5)
+
+
+_step = jax.jit(step, static_argnames=("rule",))
 
 
 def test_init_and_step_from_empty_memory():
   S = init(2, 3, 5, 4)
   assert S.shape == (2, 3, 4, 5) and S.dtype == jnp.float32 and not S.any()
-  q = k = jnp.ones((2, 3, 5)) / np.sqrt(5)
-  v = jnp.ones((2, 3, 4))
-  S, o = step(S, q, k, v, rule="delta")  # β = 1, unit key: stores v exactly
+  q = k = np.ones((2, 3, 5), np.float32) / np.sqrt(5)
+  v = np.ones((2, 3, 4), np.float32)
+  S, o = _step(S, q, k, v, rule="delta")  # β = 1, unit key: stores v exactly
   np.testing.assert_allclose(o, v, rtol=1e-6)
-  S, o = step(S, q, k, 2 * v, 0.5, 0.9, rule="gated_delta")
+  S, o = _step(S, q, k, 2 * v, 0.5, 0.9, rule="gated_delta")
   np.testing.assert_allclose(o, 0.9 * v + 0.5 * (2 * v - 0.9 * v), rtol=1e-6)
 
 
 def test_normalize_keys_equals_passing_unit_keys():
-  q, k, v, beta, _, _ = make_inputs(1, 19, 2, 6, 3, seed=8, with_state=False)
-  k_big = 3.0 * k
-  a = associative_memory(q, k_big, v, beta, rule="delta", normalize_keys=True, mode="chunked")
-  b = associative_memory(q, k, v, beta, rule="delta", mode="chunked")
-  np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  q, k, v, beta, _, S0 = inputs()
+  a = call("delta", "auto", q, 3.0 * k, v, beta, None, S0, normalize_keys=True)
+  b = call("delta", "auto", q, k, v, beta, None, S0)
+  for x, y in zip(a, b, strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+@jax.jit
+def _auto_delta_directional_derivative(q, k, v, beta, S0, cot_o, cot_S, t_q):
+  """Forward mode through auto: d/dε of <cot, (o, S_T)> at q + ε t_q."""
+  def loss(q):
+    o, S = call("delta", "auto", q, k, v, beta, None, S0)
+    return jnp.sum(o * cot_o) + jnp.sum(S * cot_S)
+  return jax.jvp(loss, (q,), (t_q,))[1]
 
 
 def test_auto_runs_the_fast_forward_and_differentiates_the_chunked_form():
-  q, k, v, beta, _, _ = make_inputs(1, 21, 2, 6, 3, seed=9, with_state=False)
   fwd = assoc.auto_forward_mode()
   assert fwd == ("recurrent" if jax.default_backend() == "cpu" else "chunked")
-  a = associative_memory(q, k, v, beta, rule="delta", mode="auto", chunk_size=8)
-  b = associative_memory(q, k, v, beta, rule="delta", mode=fwd, chunk_size=8)
-  np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-  loss = lambda mode: lambda q, k, v, b: jnp.sum(associative_memory(
-      q, k, v, b, rule="delta", mode=mode, chunk_size=8) ** 2)
-  g_auto = jax.grad(loss("auto"), argnums=(0, 1, 2, 3))(q, k, v, beta)
-  g_chunked = jax.grad(loss("chunked"), argnums=(0, 1, 2, 3))(q, k, v, beta)
-  for a_, b_ in zip(g_auto, g_chunked, strict=True):
-    np.testing.assert_allclose(a_, b_, rtol=1e-5, atol=1e-6)
+  q, k, v, beta, decay, S0 = xs = inputs()
+  for a, b in zip(call("delta", "auto", *xs), call("delta", fwd, *xs), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  g_auto = results("delta", "auto")[2]
+  assert_grads_close(g_auto, results("delta", "chunked")[2], "delta", "auto vs chunked", rtol=1e-5, atol=1e-6)
   # forward mode goes through the chunked JVP too: <∇_q L, t> = d/dε L(q + ε t)
   t = jnp.asarray(np.random.default_rng(0).normal(size=q.shape), jnp.float32)
-  _, dL = jax.jvp(lambda q: loss("auto")(q, k, v, beta), (q,), (t,))
-  np.testing.assert_allclose(dL, jnp.sum(g_auto[0] * t), rtol=1e-4)
+  dL = _auto_delta_directional_derivative(q, k, v, beta, S0, *cotangents(), t)
+  np.testing.assert_allclose(dL, np.sum(g_auto[0] * np.asarray(t)), rtol=1e-4)
+
+
+@jax.jit
+def _delta_chunked_over_a_leading_axis(q, k, v, beta, S0):
+  return jax.vmap(lambda q, k, v: call("delta", "chunked", q, k, v, beta, None, S0)[0])(q, k, v)
 
 
 def test_vmap_over_an_extra_axis_and_bfloat16():
-  q, k, v, beta, _, _ = make_inputs(1, 20, 2, 6, 3, seed=10, with_state=False)
+  q, k, v, beta, decay, S0 = inputs()
   stack = lambda x: jnp.stack([x, 0.5 * x])
-  f = lambda q, k, v: associative_memory(q, k, v, beta, rule="delta", mode="chunked", chunk_size=8)
-  batched = jax.vmap(f)(stack(q), stack(k), stack(v))
-  np.testing.assert_allclose(batched[1], f(0.5 * q, 0.5 * k, 0.5 * v), rtol=1e-5, atol=1e-6)
-  o16 = f(*(x.astype(jnp.bfloat16) for x in (q, k, v)))
+  batched = _delta_chunked_over_a_leading_axis(stack(q), stack(k), stack(v), beta, S0)
+  program = value_and_grads("delta", "chunked")
+  half = program(*cotangents(), 0.5 * q, 0.5 * k, 0.5 * v, beta, decay, S0)[0]
+  np.testing.assert_allclose(batched[0], results("delta", "chunked")[0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(batched[1], half, rtol=1e-5, atol=1e-6)
+  o16 = call("delta", "chunked", *(x.astype(jnp.bfloat16) for x in (q, k, v)), beta, None, None)[0]
   assert o16.dtype == jnp.bfloat16
-  np.testing.assert_allclose(o16.astype(jnp.float32), f(q, k, v), atol=5e-2)
+  o32 = program(*cotangents(), q, k, v, beta, decay, jnp.zeros_like(S0))[0]
+  np.testing.assert_allclose(o16.astype(jnp.float32), o32, atol=5e-2)
 
 
 # ----------------------------------------------------------------------------------------
@@ -252,55 +373,35 @@ def test_vmap_over_an_extra_axis_and_bfloat16():
 
 @pytest.mark.parametrize("rule", RULES)
 def test_gradients_agree_between_modes(rule):
-  # T = 21 with chunk 8; gradients of a loss on outputs and final state, w.r.t. q, k, v,
-  # beta, decay (for the decay rules) and the initial state
-  q, k, v, beta, decay, S0 = make_inputs(1, 21, 2, 6, 5, seed=11)
-  r = np.random.default_rng(12)
-  cot_o = jnp.asarray(r.normal(size=(1, 21, 2, 5)), jnp.float32)
-  cot_S = jnp.asarray(r.normal(size=(1, 2, 5, 6)), jnp.float32)
-
-  def loss(mode):
-    def f(q, k, v, beta, decay, S0):
-      o, S = call(rule, mode, q, k, v, beta, decay, S0, chunk=8)
-      return jnp.sum(o * cot_o) + jnp.sum(S * cot_S)
-    return jax.jit(jax.grad(f, argnums=(0, 1, 2, 3, 4, 5)))
-
-  names = ["q", "k", "v", "beta", "decay", "initial_state"]
-  ref = loss("recurrent")(q, k, v, beta, decay, S0)
-  for mode in [m for m in modes_for(rule) if m not in ("recurrent", "auto")]:  # auto: below
-    got = loss(mode)(q, k, v, beta, decay, S0)
-    for name, a, b in zip(names, got, ref, strict=True):
-      if name == "decay" and rule not in DECAYS:
-        continue
-      np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5, err_msg=f"{rule} {mode} d/d{name}")
+  # SHAPE; gradients of <cot_o, o> + <cot_S, S_T> w.r.t. q, k, v, beta, decay (for the decay
+  # rules) and the initial state; auto's (the chunked form's JVP):
+  # test_auto_runs_the_fast_forward_and_differentiates_the_chunked_form
+  ref = results(rule, "recurrent")[2]
+  for mode in modes_for(rule):
+    if mode not in ("recurrent", "auto"):
+      assert_grads_close(results(rule, mode)[2], ref, rule, f"{rule} {mode}")
 
 
 @pytest.mark.parametrize("rule", RULES)
 def test_gradients_match_finite_differences_float64(rule):
+  # T = 7 with chunk 3 (3 chunks, the last padded), float64, w.r.t. every input
   with jax.enable_x64(True):
     q, k, v, beta, decay, S0 = make_inputs(1, 7, 2, 3, 2, seed=13, dtype=np.float64)
     beta = 0.5 * beta  # keep β‖a‖² < 2 under the finite-difference perturbations
-    d = decay if rule in DECAYS else None
+    args = (q, k, v, beta, S0) + ((decay,) if rule in DECAYS else ())
+    check_vjp_float64(float64_kernel(rule, "chunked"), args, eps=1e-5)
 
-    def f(q, k, v, beta, decay, S0):
-      o, S = associative_memory(q, k, v, beta, rule=rule, mode="chunked", chunk_size=3,
-                                decay=decay, initial_state=S0, return_state=True)
-      return o, S
 
-    if d is None:
-      check_grads(lambda q, k, v, b, S0: f(q, k, v, b, None, S0), (q, k, v, beta, S0),
-                  order=1, modes=("rev",), eps=1e-5)
-    else:
-      check_grads(f, (q, k, v, beta, d, S0), order=1, modes=("rev",), eps=1e-5)
+_unit_lower_inverse = jax.jit(assoc.unit_lower_inverse)
 
 
 def test_unit_lower_inverse_matches_numpy():
   r = np.random.default_rng(14)
-  # 5: one forward-substitution block; 64: three block levels; 37 and 100: padded to 40 and
-  # 104 (m·2^L with m ≤ 8), not to a power of two
+  # 5: one forward-substitution block; 64: three block levels; 37 and 100: padded to 40 = 5·2³
+  # and 112 = 7·2⁴ (m·2^L with m ≤ 8), not to a power of two
   for C in (5, 64, 37, 100):
     A = np.tril(r.normal(size=(3, C, C)) * (0.3 if C <= 64 else 0.1), -1).astype(np.float32)  # |T| = O(1)
-    T = jax.jit(assoc.unit_lower_inverse)(jnp.asarray(A))
+    T = _unit_lower_inverse(jnp.asarray(A))
     np.testing.assert_allclose(T, np.linalg.inv(np.eye(C) + A.astype(np.float64)), atol=1e-5)
 
 
@@ -321,27 +422,29 @@ def test_long_sequence_stays_finite(rule):
   for mode in ("recurrent", "chunked"):
     o, S = associative_memory(q, k, v, beta, rule=rule, mode=mode, decay=decay,
                               return_state=True)
-    assert np.isfinite(np.asarray(o)).all() and np.isfinite(np.asarray(S)).all(), mode
+    o, S = np.asarray(o), np.asarray(S)
+    assert np.isfinite(o).all() and np.isfinite(S).all(), mode
     outs.append(o)
-  scale = 1.0 + float(jnp.max(jnp.abs(outs[0])))  # hebb grows like T
+  scale = 1.0 + np.abs(outs[0]).max()  # hebb grows like T
   np.testing.assert_allclose(outs[1], outs[0], atol=1e-3 * scale)
 
 
 def test_unstable_delta_is_rejected_with_concrete_values():
-  q, k, v, _, _, _ = make_inputs(1, 9, 2, 4, 3, seed=16, with_state=False)
+  q, k, v, _, _, S0 = inputs()
   big_k = 2.0 * k  # ‖k‖² = 4: β = 1 gives β‖k‖² = 4 > 2
   with pytest.raises(ValueError, match=r"beta_t·‖k_t‖² <= 2.*normalize_keys=True"):
     associative_memory(q, big_k, v, rule="delta")
   with pytest.raises(ValueError, match=r"beta_t·‖k_t‖²"):
-    associative_memory(q, k, v, -0.5 * jnp.ones((1, 9, 2)), rule="gated_delta", decay=0.9)
+    associative_memory(q, k, v, -0.5 * jnp.ones((2, 37, 3)), rule="gated_delta", decay=0.9)
   with pytest.raises(ValueError, match=r"‖v_t‖²"):
     associative_memory(q, k, 2.0 * v, rule="oja")
   with pytest.raises(ValueError, match=r"beta_t·‖k_t‖²"):
-    step(init(1, 2, 4, 3), q[:, 0], big_k[:, 0], v[:, 0], rule="delta")
-  # the guard's way out, and rules without an erase term, are accepted
-  associative_memory(q, big_k, v, rule="delta", normalize_keys=True)
-  associative_memory(q, big_k, v, rule="hebb")
-  associative_memory(q, k, v, 2.0 * jnp.ones((1, 9, 2)), rule="delta")  # β‖k‖² = 2 exactly
+    step(init(2, 3, 12, 5), q[:, 0], big_k[:, 0], v[:, 0], rule="delta")
+  # the guard's way out, and rules without an erase term, are accepted (they run the programs
+  # of the tests above: the same shapes, mode auto, chunk 16)
+  call("delta", "auto", q, big_k, v, None, None, S0, normalize_keys=True)
+  call("hebb", "auto", q, big_k, v, None, None, S0)
+  call("delta", "auto", q, k, v, 2.0 * jnp.ones((2, 37, 3)), None, S0)  # β‖k‖² = 2 exactly
 
 
 # ----------------------------------------------------------------------------------------

@@ -1,10 +1,15 @@
 """Numerics of the associative-memory kernel that values-only tests at friendly inputs miss.
 
-Decays of exactly 0 (and 1e-30, 1e-6, 1) and write strengths 0 / 1 / 2 under ``jit``, in
-every rule and mode, values and gradients, against an independent reference; the
-stability guard's edge cases; matmul precision (every matmul carries it, and emulated
-bf16 / TF32 platforms cost what the docstring says); long sequences in the parallel form;
-padding; dtypes of carried states; the ``auto`` mode's derivative form.
+Decays of exactly 0 (and 1e-30, 1e-6, near 0, 1) and write strengths 0 / 1 / 2 under ``jit``,
+in every rule and mode, values and gradients, against an independent reference (a float64
+numpy loop for values, a float64 loop in ``γ`` for gradients); finite differences in every
+form; the stability guard's edge cases; matmul precision (every matmul carries it, and
+emulated bf16 / TF32 platforms cost what the docstring says); long sequences in the parallel
+form; padding; dtypes of carried states; the ``auto`` mode's derivative form.
+
+One grid of inputs (:func:`grid_inputs`, T = 37 with chunk 4) serves the grid, near-zero
+decay, log-decay, parallel_head and ``auto`` tests: each (rule, mode, decay argument) compiles
+one program returning outputs, final states and gradients (:func:`grid_results`).
 """
 
 import functools
@@ -13,16 +18,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
 
 from jaxmem.kernels import assoc
 from jaxmem.kernels.assoc import associative_memory, init, step
-from jaxmem.kernels.precision import dot_general_precisions, emulate_matmul_precision, jaxpr_eqns
+from jaxmem.kernels.precision import dot_general_precisions, emulate_matmul_precision, jaxpr_eqns, matmul_for
 from jaxmem.kernels.segsum import segsum
-from tests.kernels.test_assoc import DECAYS, RULES, make_inputs, modes_for, numpy_assoc, unit
+from tests.kernels.test_assoc import (
+  DECAYS,
+  NAMES,
+  RULES,
+  check_vjp_float64,
+  float64_kernel,
+  make_inputs,
+  modes_for,
+  numpy_assoc,
+  unit,
+)
 
 GAMMAS = (0.0, 1e-30, 1e-6, 1.0)
 BETAS = (0.0, 1.0, 2.0)
+NEAR_ZERO = (1e-6, 1e-3, 0.05, 0.5, 1.0)
+GRID_CHUNK = 4
+MODES = ("recurrent", "parallel", "chunked", "auto")
 
 
 def loop_reference(q, k, v, beta, decay, S0, rule):
@@ -52,23 +69,30 @@ def loop_reference(q, k, v, beta, decay, S0, rule):
   return jnp.moveaxis(o, 0, 1), S
 
 
-def grid_inputs(T=16, H=2, Dk=5, Dv=3, seed=0):
+@functools.cache
+def grid_inputs(T=37, H=2, Dk=5, Dv=3, seed=0):
   """Rows 0..11: one per (γ, β) of the grid, constant over tokens; rows 12, 13: per-token γ
-  drawn from the grid and from (0.6, 1], per-token β from the grid. Unit keys and values."""
+  drawn from the grid and from (0.6, 1], per-token β from the grid; rows 14, 15: per-token γ
+  near 0 (1e-6, 1e-3, 0.05, 0.5 or 1, times U(0.5, 1)), β in (0.1, 1.5). Unit keys and values."""
   combos = [(g, b) for g in GAMMAS for b in BETAS]
   n = len(combos)
-  q, k, v, _, decay, S0 = make_inputs(n + 2, T, H, Dk, Dv, seed=seed)
+  q, k, v, beta, decay, S0 = make_inputs(n + 4, T, H, Dk, Dv, seed=seed)
   r = np.random.default_rng(seed)
-  d = np.empty((n + 2, T, H))
-  b = np.empty((n + 2, T, H))
+  d = np.empty((n + 4, T, H))
+  b = np.empty((n + 4, T, H))
   d[:n] = np.array([g for g, _ in combos])[:, None, None]
   b[:n] = np.array([x for _, x in combos])[:, None, None]
-  d[n:] = np.where(r.random((2, T, H)) < 0.5, r.choice(GAMMAS, (2, T, H)), np.asarray(decay)[n:])
-  b[n:] = r.choice(BETAS, (2, T, H))
+  d[n:n + 2] = np.where(r.random((2, T, H)) < 0.5, r.choice(GAMMAS, (2, T, H)), np.asarray(decay)[n:n + 2])
+  b[n:n + 2] = r.choice(BETAS, (2, T, H))
+  d[n + 2:] = np.minimum(r.choice(NEAR_ZERO, (2, T, H)) * r.uniform(0.5, 1.0, (2, T, H)), 1.0)
+  b[n + 2:] = np.asarray(beta)[n + 2:]
   return q, k, v, jnp.asarray(b, jnp.float32), jnp.asarray(d, jnp.float32), S0
 
 
-def _kernel(rule, mode, as_log, chunk=4):
+NEAR_ZERO_ROWS = slice(14, 16)
+
+
+def _kernel(rule, mode, as_log, chunk=GRID_CHUNK):
   def f(q, k, v, beta, decay, S0):
     kw = {}
     if rule in DECAYS:
@@ -85,76 +109,124 @@ def _loss(fn, cot):
   return loss
 
 
+@functools.cache
+def grid_cotangents():
+  q, _, v, _, _, S0 = grid_inputs()
+  r = np.random.default_rng(3)
+  return tuple(jnp.asarray(r.normal(size=s), jnp.float32) for s in (q.shape[:3] + v.shape[-1:], S0.shape))
+
+
+@functools.cache
+def grid_reference(rule):
+  """The float64 numpy loop on the grid: ``(o, S_T)``."""
+  q, k, v, beta, decay, S0 = grid_inputs()
+  return numpy_assoc(q, k, v, beta, decay if rule in DECAYS else None, S0, rule)
+
+
+@functools.cache
+def grid_reference_grads(rule):
+  """Gradients of ``<cot, (o, S_T)>`` w.r.t. all six inputs from :func:`loop_reference` in float64."""
+  ref = lambda q, k, v, beta, decay, S0: loop_reference(
+      q, k, v, beta, decay if rule in DECAYS else None, S0, rule)
+  with jax.enable_x64(True):
+    xs64 = tuple(jnp.asarray(np.asarray(x), jnp.float64) for x in grid_inputs())
+    cot64 = tuple(jnp.asarray(np.asarray(c), jnp.float64) for c in grid_cotangents())
+    return [np.asarray(g) for g in jax.jit(jax.grad(_loss(ref, cot64), argnums=tuple(range(6))))(*xs64)]
+
+
+@functools.cache
+def grid_program(rule, mode, as_log):
+  """One jitted program: ``(o, S_T, pullback of (cot_o, cot_S) to q, k, v, beta, decay, S_0)``."""
+  def run(cot_o, cot_S, *xs):
+    (o, S), pullback = jax.vjp(_kernel(rule, mode, as_log), *xs)
+    return o, S, pullback((cot_o, cot_S))
+  return jax.jit(run)
+
+
+def grid_arguments(as_log):
+  """The grid's inputs; ``as_log``: decays as ``log γ`` (−inf at γ = 0), for ``log_decay=``."""
+  q, k, v, beta, decay, S0 = grid_inputs()
+  if as_log:
+    with np.errstate(divide="ignore"):
+      decay = jnp.asarray(np.log(np.asarray(decay)))
+  return q, k, v, beta, decay, S0
+
+
+@functools.cache
+def grid_results(rule, mode, as_log=False):
+  """:func:`grid_program` on :func:`grid_arguments`, as numpy arrays."""
+  return jax.device_get(grid_program(rule, mode, as_log)(*grid_cotangents(), *grid_arguments(as_log)))
+
+
+@functools.cache
+def grid_auto_forward(rule, as_log=False):
+  """mode="auto" called without a derivative (the recurrent form on CPU): ``(o, S_T)``."""
+  return jax.device_get(jax.jit(_kernel(rule, "auto", as_log))(*grid_arguments(as_log)))
+
+
+def decay_arguments(rule):
+  return [False, True] if rule in DECAYS else [False]
+
+
 CASES = [(r, m) for r in RULES for m in modes_for(r)]
 
 
 @pytest.mark.parametrize("rule,mode", CASES)
 def test_decay_and_beta_grid_finite_and_exact_under_jit(rule, mode):
-  # γ ∈ {0, 1e-30, 1e-6, 1}, β ∈ {0, 1, 2}, traced (so no eager check can help), values
-  # against the float64 numpy loop and gradients against a plain loop in γ (not log γ),
-  # whose derivative at γ = 0 is the true one; decay= for every decay rule, and for
-  # gated_delta also log_decay = log γ (−inf at γ = 0).
-  xs = grid_inputs()
-  q, k, v, beta, decay, S0 = xs
-  d = decay if rule in DECAYS else None
-  ref_o, ref_S = numpy_assoc(q, k, v, beta, d, S0, rule)
-  r = np.random.default_rng(3)
-  cot = tuple(jnp.asarray(r.normal(size=x.shape), jnp.float32) for x in (ref_o, ref_S))
-  argnums = (0, 1, 2, 3, 4, 5) if rule in DECAYS else (0, 1, 2, 3, 5)
-  ref = lambda q, k, v, beta, decay, S0: loop_reference(
-      q, k, v, beta, decay if rule in DECAYS else None, S0, rule)
-  with jax.enable_x64(True):
-    xs64 = tuple(jnp.asarray(np.asarray(x), jnp.float64) for x in xs)
-    cot64 = tuple(jnp.asarray(np.asarray(c), jnp.float64) for c in cot)
-    ref_g = [np.asarray(g) for g in jax.jit(jax.grad(_loss(ref, cot64), argnums=argnums))(*xs64)]
-  for as_log in ([False, True] if rule == "gated_delta" else [False]):
-    fn = _kernel(rule, mode, as_log)
-    args = xs[:4] + (jnp.log(decay),) + xs[5:] if as_log else xs  # log 0 = −inf
-    o, S = jax.jit(fn)(*args)
-    assert np.isfinite(np.asarray(o)).all() and np.isfinite(np.asarray(S)).all(), (as_log,)
+  # γ ∈ {0, 1e-30, 1e-6, 1}, β ∈ {0, 1, 2}, traced (so no eager check can help), T = 37 with
+  # chunk 4, values against the float64 numpy loop and gradients against a plain loop in γ
+  # (not log γ), whose derivative at γ = 0 is the true one; the decay rules both with decay=
+  # and with log_decay = log γ (−inf at γ = 0). auto: its values forward only (the recurrent
+  # form on CPU); its gradient is the chunked form's program (a custom JVP that does not
+  # depend on the rule), checked here for gated_delta, the rule with every input, and equal
+  # to the chunked form's bit for bit (test_auto_gradient_is_the_chunked_forms...).
+  ref_o, ref_S = grid_reference(rule)
+  ref_g = grid_reference_grads(rule)
+  decay = np.asarray(grid_inputs()[4], np.float64)
+  for as_log in decay_arguments(rule):
+    if mode == "auto":
+      o, S = grid_auto_forward(rule, as_log)
+      grads = grid_results(rule, mode, as_log)[2] if rule == "gated_delta" else ()
+    else:
+      o, S, grads = grid_results(rule, mode, as_log)
+    assert np.isfinite(o).all() and np.isfinite(S).all(), (as_log,)
     np.testing.assert_allclose(o, ref_o, rtol=1e-4, atol=3e-5, err_msg=f"o log={as_log}")
     np.testing.assert_allclose(S, ref_S, rtol=1e-4, atol=3e-5, err_msg=f"S log={as_log}")
-    grads = jax.jit(jax.grad(_loss(fn, cot), argnums=argnums))(*args)
-    names = ["q", "k", "v", "beta", "decay", "S0"]
-    for i, g, gr in zip(argnums, grads, ref_g, strict=True):
-      g = np.asarray(g)
-      assert np.isfinite(g).all(), f"d/d{names[i]} not finite (log={as_log})"
-      if names[i] == "decay" and as_log:
-        gr = gr * np.asarray(decay, np.float64)  # d/d log γ = γ · d/dγ (0 at γ = 0)
-      np.testing.assert_allclose(g, gr, rtol=2e-3, atol=1e-4, err_msg=f"d/d{names[i]} log={as_log}")
+    for name, g, gr in zip(NAMES[:len(grads)], grads, ref_g[:len(grads)], strict=True):
+      assert np.isfinite(g).all(), f"d/d{name} not finite (log={as_log})"
+      if name == "decay" and rule not in DECAYS:
+        continue  # not an input of the rule
+      if name == "decay" and as_log:
+        gr = gr * decay  # d/d log γ = γ · d/dγ (0 at γ = 0)
+      np.testing.assert_allclose(g, gr, rtol=2e-3, atol=1e-4, err_msg=f"d/d{name} log={as_log}")
 
 
-@pytest.mark.parametrize("rule", ["decay"])  # gated_delta: in the grid test (log_decay = log γ)
-@pytest.mark.parametrize("mode", ["recurrent", "parallel", "chunked", "auto"])
+@pytest.mark.parametrize("rule,mode", [(r, m) for r in DECAYS for m in MODES if m != "auto"]
+                         + [("gated_delta", "auto")])
 def test_log_decay_minus_inf_has_finite_log_space_gradients(rule, mode):
-  # γ = 0 passed as log γ = −inf: d/d(log γ) = γ · (...) = 0 there, finite everywhere.
-  q, k, v, beta, decay, S0 = grid_inputs(seed=4)
-  logd = jnp.log(decay)
-  assert np.isneginf(np.asarray(logd)).any()
-  f = lambda q, k, v, beta, logd, S0: associative_memory(
-      q, k, v, beta, rule=rule, mode=mode, chunk_size=4, log_decay=logd, initial_state=S0,
-      return_state=True)
-  cot = (jnp.ones((14, 16, 2, 3)), jnp.ones((14, 2, 3, 5)))
-  g = jax.jit(jax.grad(_loss(f, cot), argnums=(0, 1, 2, 3, 4, 5)))(q, k, v, beta, logd, S0)
-  for x in g:
-    assert np.isfinite(np.asarray(x)).all()
-  zero = np.isneginf(np.asarray(logd))
-  np.testing.assert_array_equal(np.asarray(g[4])[zero], 0.0)
+  # γ = 0 passed as log γ = −inf: d/d(log γ) = γ · (...) = 0 there exactly, finite everywhere
+  # (auto differentiates the chunked form's program: checked for gated_delta).
+  zero = np.asarray(grid_inputs()[4]) == 0
+  assert zero.any()
+  grads = grid_results(rule, mode, True)[2]
+  for name, g in zip(NAMES, grads, strict=True):
+    assert np.isfinite(g).all(), name
+  np.testing.assert_array_equal(grads[4][zero], 0.0)
 
 
 @pytest.mark.parametrize("rule", RULES)
 def test_decays_near_zero_match_the_numpy_loop(rule):
-  # decays in (0, 1] with many values near 0 (1e-6, 1e-3) in every mode, D_k = 12, T = 37
-  q, k, v, beta, _, S0 = make_inputs(2, 37, 3, 12, 5, seed=5)
-  r = np.random.default_rng(6)
-  d = r.choice([1e-6, 1e-3, 0.05, 0.5, 1.0], (2, 37, 3)) * r.uniform(0.5, 1.0, (2, 37, 3))
-  decay = jnp.asarray(np.minimum(d, 1.0), jnp.float32)
-  ref_o, ref_S = numpy_assoc(q, k, v, beta, decay if rule in DECAYS else None, S0, rule)
+  # grid rows 14, 15: decays in (0, 1] with many values near 0 (1e-6, 1e-3) in every mode,
+  # T = 37 with chunk 4 (the last chunk padded; the parallel form's one chunk of 37 is
+  # inverted in blocks), given as decay= and as log_decay=
+  ref_o, ref_S = grid_reference(rule)
   for mode in modes_for(rule):
-    o, S = associative_memory(q, k, v, beta, rule=rule, mode=mode, chunk_size=16,
-                              decay=decay if rule in DECAYS else None, initial_state=S0, return_state=True)
-    np.testing.assert_allclose(o, ref_o, rtol=1e-4, atol=2e-5, err_msg=mode)
-    np.testing.assert_allclose(S, ref_S, rtol=1e-4, atol=2e-5, err_msg=mode)
+    for as_log in decay_arguments(rule):
+      o, S = grid_auto_forward(rule, as_log) if mode == "auto" else grid_results(rule, mode, as_log)[:2]
+      np.testing.assert_allclose(o[NEAR_ZERO_ROWS], ref_o[NEAR_ZERO_ROWS], rtol=1e-4, atol=2e-5,
+                                 err_msg=f"{mode} log={as_log}")
+      np.testing.assert_allclose(S[NEAR_ZERO_ROWS], ref_S[NEAR_ZERO_ROWS], rtol=1e-4, atol=2e-5,
+                                 err_msg=f"{mode} log={as_log}")
 
 
 @pytest.mark.parametrize("rule,mode", [(r, m) for r, m in CASES if m in ("recurrent", "parallel")])
@@ -165,18 +237,12 @@ def test_finite_differences_in_every_mode_float64(rule, mode):
   with jax.enable_x64(True):
     q, k, v, beta, decay, S0 = make_inputs(1, 7, 2, 3, 2, seed=13, dtype=np.float64)
     beta = 0.5 * beta
-    decay = decay.at[0, 2].set(1e-3)
-    chunk = 3
-
-    def f(q, k, v, beta, S0, decay=None):
-      return associative_memory(q, k, v, beta, rule=rule, mode=mode, chunk_size=chunk, decay=decay,
-                                initial_state=S0, return_state=True)
-
+    decay = np.array(decay)
+    decay[0, 2] = 1e-3
     if rule in DECAYS:
-      check_grads(lambda q, k, v, b, S0, d: f(q, k, v, b, S0, d), (q, k, v, beta, S0, decay),
-                  order=1, modes=("rev",), eps=1e-6)
+      check_vjp_float64(float64_kernel(rule, mode), (q, k, v, beta, S0, jnp.asarray(decay)), eps=1e-6)
     else:
-      check_grads(f, (q, k, v, beta, S0), order=1, modes=("rev",), eps=1e-5)
+      check_vjp_float64(float64_kernel(rule, mode), (q, k, v, beta, S0), eps=1e-5)
 
 
 # ----------------------------------------------------------------------------------------
@@ -199,6 +265,11 @@ def test_guard_rejects_nan_beta_and_reads_lists_as_arrays():
     associative_memory(q, k, v, rule="decay", decay=[0.9, 0.9])
 
 
+@jax.jit
+def _decay_gradient(d, q, k, v, beta):
+  return jax.grad(lambda d: jnp.sum(associative_memory(q, k, v, beta, rule="decay", decay=d)))(d)
+
+
 def test_guard_rejects_non_finite_erase_vectors_and_float16_decays_stay_finite():
   q, k, v, beta, _, _ = make_inputs(1, 5, 2, 4, 3, seed=32, with_state=False)
   with pytest.raises(ValueError, match=r"`k` must be finite for rule 'delta'"):
@@ -209,8 +280,7 @@ def test_guard_rejects_non_finite_erase_vectors_and_float16_decays_stay_finite()
   g = jnp.asarray([0.0, 1e-3, 0.5, 1.0], jnp.float16)
   lg = assoc.log_of_decay(g)
   assert lg.dtype == jnp.float32 and np.isfinite(np.asarray(lg)).all()
-  d16 = jnp.zeros((1, 5, 2), jnp.float16)
-  grad = jax.grad(lambda d: jnp.sum(associative_memory(q, k, v, beta, rule="decay", decay=d)))(d16)
+  grad = _decay_gradient(jnp.zeros((1, 5, 2), jnp.float16), q, k, v, beta)
   assert grad.dtype == jnp.float16 and np.isfinite(np.asarray(grad, np.float32)).all()
 
 
@@ -251,6 +321,7 @@ PRECISION_CASES = [(r, "chunked") for r in RULES] + [
 
 @pytest.mark.parametrize("rule,mode", PRECISION_CASES + [("gated_delta", "auto"), ("hebb", "parallel")])
 def test_every_matmul_carries_the_precision_values_and_gradients(rule, mode):
+  # jaxprs only: nothing is compiled
   q, k, v, beta, decay, S0 = make_inputs(1, 11, 2, 4, 3, seed=18)
   d = decay if rule in DECAYS else None
 
@@ -288,24 +359,35 @@ def test_emulated_reduced_precision_platforms(rule, mode):
   q, k, v, beta, decay, S0 = make_inputs(1, 128, 2, 16, 16, seed=19)
   d = decay if rule in DECAYS else None
   ref_o, _ = numpy_assoc(q, k, v, beta, d, S0, rule)
-  run = lambda precision: np.asarray(associative_memory(
-      q, k, v, beta, rule=rule, mode=mode, chunk_size=32, decay=d, initial_state=S0, precision=precision))
-  exact = run("highest")
+  f = lambda q, precision: associative_memory(
+      q, k, v, beta, rule=rule, mode=mode, chunk_size=32, decay=d, initial_state=S0, precision=precision)
+  exact = np.asarray(f(q, "highest"))
+  program = str(jax.make_jaxpr(f, static_argnums=1)(q, "highest"))
   for platform in ("tensorfloat32", "bfloat16"):
     with emulate_matmul_precision(platform):
-      # the kernel's default ("highest") ignores the platform default: bit-for-bit float32
-      np.testing.assert_array_equal(run("highest"), exact)
-      fast = run("default")
+      # the kernel's default ("highest") ignores the platform default: the same float32
+      # program as outside (no operand rounding, every matmul at HIGHEST), so the same bits
+      assert str(jax.make_jaxpr(f, static_argnums=1)(q, "highest")) == program
+      fast = np.asarray(f(q, "default"))
     err = np.abs(fast - ref_o).max()
     assert err < EMULATED_TOL[platform], (platform, err)
     assert err > 10 * np.abs(exact - ref_o).max(), (platform, err)  # the emulation does round
   assert np.abs(exact - ref_o).max() < EMULATED_TOL["highest"]
 
 
+@functools.partial(jax.jit, static_argnums=(0,))
+def _matmul_gradients(m, x, y, c):
+  return jax.grad(lambda x, y: jnp.sum(m(x, y) * c), argnums=(0, 1))(x, y)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _matmul_jacobian(m, x, y):
+  return jax.jacfwd(lambda x: m(x, y))(x)
+
+
 def test_emulation_rounds_operands_like_the_platform():
   a = jnp.asarray([[1.0 + 2.0 ** -9]], jnp.float32)  # representable in TF32, not in bf16
   one = jnp.ones((1, 1), jnp.float32)
-  from jaxmem.kernels.precision import matmul_for
   # gradients: the transposed matmuls see rounded cotangents and operands, and accumulate in
   # float32 (rounding the operands alone would round the gradient itself instead)
   r = np.random.default_rng(30)
@@ -313,8 +395,8 @@ def test_emulation_rounds_operands_like_the_platform():
   bf = lambda z: z.astype(jnp.bfloat16).astype(jnp.float32)
   with emulate_matmul_precision("bfloat16"):
     m = matmul_for("default")
-    gx, gy = jax.grad(lambda x, y: jnp.sum(m(x, y) * c), argnums=(0, 1))(x, y)
-    assert jax.jacfwd(lambda x: m(x, y))(x).shape == (4, 3, 4, 5)  # forward mode works too
+    gx, gy = _matmul_gradients(m, x, y, c)
+    assert _matmul_jacobian(m, x, y).shape == (4, 3, 4, 5)  # forward mode works too
   np.testing.assert_array_equal(gx, np.asarray(bf(c) @ bf(y).T))
   np.testing.assert_array_equal(gy, np.asarray(bf(x).T @ bf(c)))
   # a user's jit traced outside the context is not reused inside it (nor the reverse)
@@ -379,35 +461,46 @@ def _max_time_extent(jaxpr, dims):
   return max(s[1] for s in shapes if len(s) >= 2 and tuple(s[-len(dims):]) == dims)
 
 
+@functools.partial(jax.jit, static_argnames=("rule",))
+def _chunked_64_in_groups_of_16(q, k, v, beta, logg, S0, *, rule):
+  return assoc.chunked(q, k, v, beta, logg, S0, rule=rule, chunk_size=64, group=16)
+
+
 @pytest.mark.parametrize("B,rule", [(1, "delta"), (2, "delta"), (1, "gated_delta"), (2, "oja")])
 def test_chunked_pads_to_the_next_chunk_only(B, rule):
   # T = 2100, chunk 64: 33 chunks = 2 groups of 16 and a tail group of 1. Padding to whole
   # groups padded this to 48 chunks (3072). gated_delta with some decays exactly 0.
   T, H, D = 2100, 4, 8
   q, k, v, beta, decay, _ = make_inputs(B, T, H, D, D, seed=24, with_state=False)
-  decay = jnp.where(jnp.arange(T)[None, :, None] % 97 == 5, 0.0, decay)
+  decay = np.where(np.arange(T)[None, :, None] % 97 == 5, 0.0, np.asarray(decay)).astype(np.float32)
   d = decay if rule in DECAYS else None
-  f = lambda q, k, v: assoc.chunked(q, k, v, beta, None if d is None else assoc.log_of_decay(d),
-                                    jnp.zeros((B, H, D, D)), rule=rule, chunk_size=64, group=16)
-  jaxpr = jax.make_jaxpr(f)(q, k, v)
+  args = (q, k, v, beta, None if d is None else assoc.log_of_decay(d), jnp.zeros((B, H, D, D)))
+  jaxpr = jax.make_jaxpr(functools.partial(_chunked_64_in_groups_of_16, rule=rule))(*args)
   assert _max_time_extent(jaxpr, (H, D)) == 33 * 64
-  o, S = jax.jit(f)(q, k, v)
+  o, S = _chunked_64_in_groups_of_16(*args, rule=rule)
   ref_o, ref_S = numpy_assoc(q, k, v, beta, d, None, rule)
   np.testing.assert_allclose(o, ref_o, rtol=1e-4, atol=2e-5)
   np.testing.assert_allclose(S, ref_S, rtol=1e-4, atol=2e-5)
 
 
+@functools.partial(jax.jit, static_argnames=("rule",))
+def _parallel_and_recurrent_head(q, k, v, beta, logg, S0, *, rule):
+  return (assoc.parallel_head(q, k, v, beta, logg, S0, rule=rule),
+          assoc.recurrent_head(q, k, v, beta, logg, S0, rule=rule))
+
+
 @pytest.mark.parametrize("rule", ["hebb", "delta", "decay", "gated_delta"])
 def test_parallel_head_computes_its_rule(rule):
-  q, k, v, beta, decay, S0 = make_inputs(1, 19, 1, 5, 3, seed=25)
-  d = decay if rule in DECAYS else None
-  ref_o, ref_S = numpy_assoc(q, k, v, beta, d, S0, rule)
-  lg = None if d is None else jnp.log(d[0, :, 0])
-  o, S = assoc.parallel_head(q[0, :, 0], k[0, :, 0], v[0, :, 0], beta[0, :, 0], lg, S0[0, 0], rule=rule)
-  np.testing.assert_allclose(o, ref_o[0, :, 0], rtol=1e-4, atol=2e-5)
-  np.testing.assert_allclose(S, ref_S[0, 0], rtol=1e-4, atol=2e-5)
-  o, S = assoc.recurrent_head(q[0, :, 0], k[0, :, 0], v[0, :, 0], beta[0, :, 0], lg, S0[0, 0], rule=rule)
-  np.testing.assert_allclose(o, ref_o[0, :, 0], rtol=1e-4, atol=2e-5)
+  # one head of the grid's near-zero-decay row 14 (T = 37), from its initial state
+  row, head = 14, 0
+  q, k, v, beta, decay, S0 = (np.asarray(x) for x in grid_inputs())
+  ref_o, ref_S = grid_reference(rule)
+  lg = jnp.asarray(np.log(decay[row, :, head])) if rule in DECAYS else None
+  (o, S), (o_r, S_r) = _parallel_and_recurrent_head(
+      q[row, :, head], k[row, :, head], v[row, :, head], beta[row, :, head], lg, S0[row, head], rule=rule)
+  for form, got_o, got_S in (("parallel", o, S), ("recurrent", o_r, S_r)):
+    np.testing.assert_allclose(got_o, ref_o[row, :, head], rtol=1e-4, atol=2e-5, err_msg=form)
+    np.testing.assert_allclose(got_S, ref_S[row, head], rtol=1e-4, atol=2e-5, err_msg=form)
 
 
 def test_parallel_head_has_no_oja_form_and_rejects_unknown_rules():
@@ -418,6 +511,14 @@ def test_parallel_head_has_no_oja_form_and_rejects_unknown_rules():
     assoc.parallel_head(x, x, x, jnp.ones(4), None, jnp.zeros((3, 3)), rule="anti_hebb")
 
 
+_segsum = jax.jit(segsum, static_argnames=("block",))
+
+
+@jax.jit
+def _segsum_block_2_gradient(x):
+  return jax.grad(lambda x: jnp.sum(jnp.exp(segsum(x, block=2)) * jnp.arange(64.0).reshape(8, 8)))(x)
+
+
 def test_segsum_matches_direct_sums_and_is_exact_at_minus_inf():
   r = np.random.default_rng(26)
   for T, block in ((1, None), (37, None), (37, 4), (100, 7), (64, 64)):
@@ -426,48 +527,48 @@ def test_segsum_matches_direct_sums_and_is_exact_at_minus_inf():
     for t in range(T):
       for i in range(t + 1):
         ref[:, t, i] = x[:, i + 1:t + 1].sum(-1)
-    got = np.asarray(jax.jit(functools.partial(segsum, block=block))(jnp.asarray(x, jnp.float32)))
+    got = np.asarray(_segsum(jnp.asarray(x, jnp.float32), block=block))
     fin = np.isfinite(ref)
     np.testing.assert_array_equal(np.isfinite(got), fin)
     np.testing.assert_allclose(got[fin], ref[fin], rtol=1e-5, atol=1e-5)
-  x = jnp.zeros(8).at[3].set(-jnp.inf)
-  s = segsum(x, block=2)
-  assert np.isneginf(np.asarray(s)[4:, :3]).all() and (np.asarray(s)[4:, 3:] == 0).sum() == 14  # i ≥ 3, i ≤ t
-  g = jax.grad(lambda x: jnp.sum(jnp.exp(segsum(x, block=2)) * jnp.arange(64.0).reshape(8, 8)))(x)
-  assert np.isfinite(np.asarray(g)).all() and float(g[3]) == 0.0
+  x = jnp.asarray(np.where(np.arange(8) == 3, -np.inf, 0.0), jnp.float32)
+  s = np.asarray(_segsum(x, block=2))
+  assert np.isneginf(s[4:, :3]).all() and (s[4:, 3:] == 0).sum() == 14  # i ≥ 3, i ≤ t
+  g = np.asarray(_segsum_block_2_gradient(x))
+  assert np.isfinite(g).all() and float(g[3]) == 0.0
 
 
 # ----------------------------------------------------------------------------------------
 # dtypes
 
 
-def test_step_keeps_a_bfloat16_carry_and_accumulates_in_float32():
-  B, T, H, Dk, Dv = 1, 24, 2, 8, 4
-  q, k, v, beta, decay, _ = make_inputs(B, T, H, Dk, Dv, seed=27, with_state=False)
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def _gated_delta_steps(q, k, v, beta, decay, *, dtype):
+  def body(S, x):
+    qt, kt, vt, bt, gt = x
+    return step(S, qt, kt, vt, bt, gt, rule="gated_delta")
+  B, _, H, Dk = q.shape
   xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, beta, decay))
+  return jax.lax.scan(body, init(B, H, Dk, v.shape[-1], dtype), xs)  # raises if the carry dtype changes
 
-  def run(dtype):
-    def body(S, x):
-      qt, kt, vt, bt, gt = x
-      S, o = step(S, qt, kt, vt, bt, gt, rule="gated_delta")
-      return S, o
-    return jax.lax.scan(body, init(B, H, Dk, Dv, dtype), xs)  # raises if the carry dtype changes
 
-  S16, o16 = run(jnp.bfloat16)
-  S32, o32 = run(jnp.float32)
+def test_step_keeps_a_bfloat16_carry_and_accumulates_in_float32():
+  q, k, v, beta, decay, _ = make_inputs(1, 24, 2, 8, 4, seed=27, with_state=False)
+  S16, o16 = _gated_delta_steps(q, k, v, beta, decay, dtype=jnp.bfloat16)
+  S32, o32 = _gated_delta_steps(q, k, v, beta, decay, dtype=jnp.float32)
   assert S16.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(S16, np.float32), S32, atol=3e-2)
   np.testing.assert_allclose(np.asarray(o16, np.float32), o32, atol=5e-2)
 
 
 def test_sequence_form_returns_the_state_in_the_initial_states_dtype():
+  # the dtypes of the traced programs (jax.eval_shape: nothing is compiled)
   q, k, v, beta, decay, S0 = make_inputs(1, 9, 2, 4, 3, seed=28)
   for mode in ("recurrent", "chunked", "auto"):
-    _, S = associative_memory(q, k, v, beta, rule="delta", mode=mode, initial_state=S0.astype(jnp.bfloat16),
-                              return_state=True)
-    assert S.dtype == jnp.bfloat16, mode
-    _, S = associative_memory(q, k, v, beta, rule="delta", mode=mode, return_state=True)
-    assert S.dtype == jnp.float32, mode
+    f = lambda S0, mode=mode: associative_memory(q, k, v, beta, rule="delta", mode=mode, initial_state=S0,
+                                                 return_state=True)
+    assert jax.eval_shape(f, S0.astype(jnp.bfloat16))[1].dtype == jnp.bfloat16, mode
+    assert jax.eval_shape(f, None)[1].dtype == jnp.float32, mode
 
 
 # ----------------------------------------------------------------------------------------
@@ -479,20 +580,23 @@ def _scan_lengths(jaxpr):
 
 
 def test_auto_gradient_is_the_chunked_forms_not_the_recurrent_ones():
-  # T = 21, chunk 8: the recurrent form scans 21 steps, the chunked one 3 chunks. The
-  # gradients of the two forms agree to rounding, so compare the programs: no per-token
-  # scan may appear in auto's gradient, and its values equal mode="chunked" bit for bit.
-  T = 21
-  q, k, v, beta, _, _ = make_inputs(1, T, 2, 6, 3, seed=9, with_state=False)
+  # the grid, T = 37 with chunk 4: the recurrent form scans 37 steps, the chunked one 10
+  # chunks. The gradients of the two forms agree to rounding, so compare the programs: no
+  # per-token scan may appear in auto's gradient, and its gradients w.r.t. every input equal
+  # mode="chunked"'s bit for bit (auto's JVP is the chunked form's: the same arithmetic),
+  # for gated_delta with decay= and with log_decay=.
+  q, k, v, beta, _, _ = grid_inputs()
+  T = q.shape[1]
   loss = lambda mode: lambda q, k, v, b: jnp.sum(associative_memory(
-      q, k, v, b, rule="delta", mode=mode, chunk_size=8) ** 2)
+      q, k, v, b, rule="delta", mode=mode, chunk_size=GRID_CHUNK) ** 2)
   grad = lambda mode: jax.grad(loss(mode), argnums=(0, 1, 2, 3))
   assert T in _scan_lengths(jax.make_jaxpr(loss("recurrent"))(q, k, v, beta))
   assert T not in _scan_lengths(jax.make_jaxpr(grad("auto"))(q, k, v, beta))
   assert T not in _scan_lengths(jax.make_jaxpr(jax.jacfwd(loss("auto")))(q, k, v, beta))
   if jax.default_backend() == "cpu":  # the primal alone runs the recurrent form
     assert T in _scan_lengths(jax.make_jaxpr(loss("auto"))(q, k, v, beta))
-  g_auto = jax.jit(grad("auto"))(q, k, v, beta)
-  g_chunked = jax.jit(grad("chunked"))(q, k, v, beta)
-  for a, b in zip(g_auto, g_chunked, strict=True):
-    np.testing.assert_array_equal(a, b)
+  for as_log in decay_arguments("gated_delta"):
+    g_auto = grid_results("gated_delta", "auto", as_log)[2]
+    g_chunked = grid_results("gated_delta", "chunked", as_log)[2]
+    for name, a, b in zip(NAMES, g_auto, g_chunked, strict=True):
+      np.testing.assert_array_equal(a, b, err_msg=f"d/d{name} log={as_log}")

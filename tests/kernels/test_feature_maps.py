@@ -2,9 +2,12 @@
 
 The references are scalar loops over the defining formulas: ELU(x) + 1 (Katharopoulos et al. 2020)
 and DPFP-ν, ``φ_{i + 2d(j−1)}(x) = z_i z_{(i+j) mod 2d}`` with ``z = ReLU([x, −x])`` (Schlag, Irie &
-Schmidhuber 2021). The check is shown to catch deliberately broken maps.
+Schmidhuber 2021). The check is shown to catch deliberately broken maps. One input (``X``, width 7,
+with a zero entry at the kinks of ELU and ReLU) serves every test but the 1-wide one: the maps run
+eagerly, and each of their operations compiles once, for that shape.
 """
 
+import functools
 import math
 
 import jax
@@ -13,6 +16,9 @@ import numpy as np
 import pytest
 
 from jaxmem.kernels import feature_maps as fm
+
+X = np.random.default_rng(0).normal(size=(3, 5, 7)).astype(np.float32)
+X[0, 0, 0] = 0.0  # ELU at its kink, ReLU at its kink
 
 
 def dpfp_reference(x, nu):
@@ -44,43 +50,56 @@ def matches(phi, reference, x) -> bool:
 
 @pytest.mark.parametrize("nu", [1, 2, 3])
 def test_dpfp_matches_numpy_definition(nu):
-  x = np.random.default_rng(nu).normal(size=(3, 5, 7)).astype(np.float32)
-  got = np.asarray(fm.dpfp(jnp.asarray(x), nu))
+  got = np.asarray(fm.dpfp(jnp.asarray(X), nu))
   assert got.shape == (3, 5, 2 * 7 * nu)
-  np.testing.assert_allclose(got, dpfp_reference(x, nu), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(got, dpfp_reference(X, nu), rtol=1e-6, atol=1e-6)
   assert fm.FEATURE_MAPS[f"dpfp{min(nu, 2)}"][1](7) == 2 * 7 * min(nu, 2)
   # feature maps and normalisations: elu1 keeps the width, sum norm gives Σφ = 1, l2 gives ‖φ‖ = 1
-  np.testing.assert_allclose(np.asarray(fm.elu1(jnp.asarray(x))),
-                             np.where(x > 0, x + 1.0, np.exp(x)), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(fm.elu1(jnp.asarray(X))),
+                             np.where(X > 0, X + 1.0, np.exp(X)), rtol=1e-6)
   for name in ("elu1", "dpfp1", "dpfp2"):
     phi = fm.feature_map(name)
-    nonzero = np.asarray(phi(jnp.asarray(x))).sum(-1) > 0   # DPFP of a 7-wide key can vanish
-    f = np.asarray(fm.normalized_features(jnp.asarray(x), name, "sum"))
+    nonzero = np.asarray(phi(jnp.asarray(X))).sum(-1) > 0   # DPFP of a 7-wide key can vanish
+    f = np.asarray(fm.normalized_features(jnp.asarray(X), name, "sum"))
     np.testing.assert_allclose(f.sum(-1), np.where(nonzero, 1.0, 0.0), rtol=1e-5)
     assert (f >= 0).all()
-    f2 = np.asarray(fm.normalized_features(jnp.asarray(x), name, "l2"))
+    f2 = np.asarray(fm.normalized_features(jnp.asarray(X), name, "l2"))
     np.testing.assert_allclose(np.linalg.norm(f2, axis=-1), np.where(nonzero, 1.0, 0.0), rtol=1e-5)
 
 
+def _wrong_side(v, nu):
+  """DPFP with the neighbour on the other side, z_i z_{i−j}."""
+  z = jax.nn.relu(jnp.concatenate([v, -v], -1))
+  return jnp.concatenate([z * jnp.roll(z, j, axis=-1) for j in range(1, nu + 1)], axis=-1)
+
+
+def _no_negation(v, nu):
+  """DPFP without the negated half ([x, x] instead of [x, −x])."""
+  return fm.dpfp(jnp.abs(v), nu)
+
+
+def _one_short(v, nu):
+  """DPFP missing its last feature."""
+  return fm.dpfp(v, nu)[..., :-1]
+
+
+def _relu_plus_1(v):
+  """ReLU for ELU."""
+  return jax.nn.relu(v) + 1.0
+
+
 def test_maps_match_plain_loop_references_and_broken_maps_do_not():
-  x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
-  x[0, 0] = 0.0                                  # ELU at its kink, ReLU at its kink
-  assert matches(fm.elu1, elu1_reference, x)
-  assert matches(fm.feature_map("elu1"), elu1_reference, x)
+  assert matches(fm.elu1, elu1_reference, X)
+  assert matches(fm.feature_map("elu1"), elu1_reference, X)
   for nu in (1, 2):
-    ref = lambda v, nu=nu: dpfp_reference(v, nu)
-    assert matches(fm.feature_map(f"dpfp{nu}"), ref, x)
-    assert fm.feature_width(f"dpfp{nu}", 6) == ref(x).shape[-1]
+    ref = functools.partial(dpfp_reference, nu=nu)
+    assert matches(fm.feature_map(f"dpfp{nu}"), ref, X)
+    assert fm.feature_width(f"dpfp{nu}", 7) == ref(X).shape[-1]
     # deliberately broken: neighbour on the other side (z_i z_{i−j}), no negated half ([x, x]), one block short
-    wrong_side = lambda v, nu=nu: jnp.concatenate(
-        [z * jnp.roll(z, j, axis=-1) for z in [jax.nn.relu(jnp.concatenate([v, -v], -1))]
-         for j in range(1, nu + 1)], axis=-1)
-    no_negation = lambda v, nu=nu: fm.dpfp(jnp.abs(v), nu)
-    assert not matches(wrong_side, ref, x)
-    assert not matches(no_negation, ref, x)
-    assert not matches(lambda v, nu=nu: fm.dpfp(v, nu)[..., :-1], ref, x)
-  assert not matches(jax.nn.elu, elu1_reference, x)                       # the +1 forgotten
-  assert not matches(lambda v: jax.nn.relu(v) + 1.0, elu1_reference, x)   # ReLU for ELU
+    for broken in (_wrong_side, _no_negation, _one_short):
+      assert not matches(functools.partial(broken, nu=nu), ref, X), broken.__name__
+  assert not matches(jax.nn.elu, elu1_reference, X)      # the +1 forgotten
+  assert not matches(_relu_plus_1, elu1_reference, X)    # ReLU for ELU
 
 
 def test_names_widths_and_errors():

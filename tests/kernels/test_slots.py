@@ -1,4 +1,13 @@
-"""Sparse slot memory (UniMatrix-SparsePointer) against a plain-Python float64 simulator."""
+"""Sparse slot memory (UniMatrix-SparsePointer) against a plain-Python float64 simulator.
+
+Proven against the simulator: readouts (weights, context, pointer, slot ids) and final states on
+random sequences that merge, fill, evict and skip, away from ties, for four configurations (top_k ==
+n_slots, a single slot, ...); gradients against central differences of the simulator; causality (a
+read sees only earlier writes). Hand-made sequences pin the merge mean, fill / evict order, ties,
+the top-K read, the pointer, the zero gate and the cosine scale; the step API equals the scan;
+jit and vmap; bad input raises. The tests share two shapes (STD for random and gradient checks,
+HAND for hand-made sequences), and the gradient checks share one module-level jitted VJP.
+"""
 
 from __future__ import annotations
 
@@ -147,12 +156,12 @@ def random_case(seed, B, T, D, V, vocab):
 
 
 def f32(*xs):
-  return [jnp.asarray(x, jnp.float32) for x in xs]
+  return [np.asarray(x, np.float32) for x in xs]
 
 
 # Compilation dominates this file's runtime, so the tests share two configurations (one
-# compiled program each, plus its gradient): STD for random and gradient checks, HAND for
-# the hand-made sequences.
+# compiled program each, plus one VJP): STD for random and gradient checks, HAND for the
+# hand-made sequences.
 STD = dict(B=2, T=12, N=3, D=4, V=3, top_k=2, vocab=5)
 HAND = dict(T=5, N=3, D=6, V=2, top_k=2, vocab=5)
 
@@ -164,6 +173,25 @@ def std_memory(q, k, v, x, gate, **kw):
 
 def std_case(seed):
   return random_case(seed, STD["B"], STD["T"], STD["D"], STD["V"], STD["vocab"])
+
+
+@jax.jit
+def std_vjp(q, k, v, x, gate, cot):
+  """STD's (context, pointer, final keys, final strength) and the cotangents of ⟨cot, them⟩ w.r.t.
+  (queries, keys, values, gate)."""
+  def f(q, k, v, gate):
+    out, fin = std_memory(q, k, v, x, gate, return_state=True)
+    return out.context, out.pointer, fin.keys, fin.strength
+  outs, pullback = jax.vjp(f, q, k, v, gate)
+  return outs, pullback(cot)
+
+
+def std_cotangent(context=None, pointer=None, keys=None, strength=None):
+  """A cotangent for :func:`std_vjp`, zero where not given."""
+  B, T, N = STD["B"], STD["T"], STD["N"]
+  shapes = ((B, T, STD["V"]), (B, T, STD["vocab"]), (B, N, STD["D"]), (B, N))
+  return tuple(np.zeros(s, np.float32) if c is None else np.asarray(c, np.float32)
+               for c, s in zip((context, pointer, keys, strength), shapes, strict=True))
 
 
 # --------------------------------------------------------------------------------------
@@ -183,8 +211,8 @@ def test_slot_memory_matches_python_simulator(seed, B, T, N, D, V, top_k, vocab)
   assert min(m for mem in mems for m in mem.margins) > 1e-4, "pick a seed away from ties"
   events = sum((mem.events for mem in mems), collections.Counter())
   assert all(events[e] > 0 for e in ("merge", "fill", "evict", "skip")), events
-  out, final = slot_memory(*f32(q, k, v), jnp.asarray(x, jnp.int32), n_slots=N, top_k=top_k,
-                           write_gate_BT=jnp.asarray(gate, jnp.float32), vocab_size=vocab,
+  out, final = slot_memory(*f32(q, k, v), np.asarray(x, np.int32), n_slots=N, top_k=top_k,
+                           write_gate_BT=np.asarray(gate, np.float32), vocab_size=vocab,
                            return_state=True)
   np.testing.assert_array_equal(out.ids, ref["ids"])
   np.testing.assert_allclose(out.weights, ref["weights"], atol=2e-5)
@@ -215,14 +243,9 @@ def test_gradients_match_finite_differences_of_the_simulator():
   _, mems = ref_loss(q, k, v, gate)
   assert min(m for mem in mems for m in mem.margins) > 1e-3
 
-  def loss(q, k, v, gate):
-    out, fin = std_memory(q, k, v, x, gate, return_state=True)
-    c = {n: jnp.asarray(a, jnp.float32) for n, a in cot.items()}
-    return (jnp.sum(c["context"] * out.context) + jnp.sum(c["pointer"] * out.pointer)
-            + jnp.sum(c["keys"] * fin.keys) + jnp.sum(c["strength"] * fin.strength))
-
+  # the cotangents of ⟨cot, outputs⟩: the gradient of the simulator's loss above
   args = (q, k, v, gate)
-  grads = jax.grad(loss, argnums=(0, 1, 2, 3))(*f32(*args))
+  _, grads = std_vjp(*f32(q, k, v), x, np.asarray(gate, np.float32), std_cotangent(**cot))
   h = 1e-6
   for i, name in enumerate(("queries", "keys", "values", "gate")):
     assert np.all(np.isfinite(grads[i]))
@@ -241,10 +264,11 @@ def test_gradients_match_finite_differences_of_the_simulator():
 def test_read_sees_only_earlier_writes():
   q, k, v, x, gate = std_case(5)
   q, k, v, gate = f32(q, k, v, gate)
-  cot = jnp.asarray(np.random.default_rng(0).normal(size=(STD["B"], STD["V"])), jnp.float32)
+  cot = np.random.default_rng(0).normal(size=(STD["B"], STD["V"]))
   for t in (0, 6):
-    f = lambda q, k, v, g: jnp.sum(std_memory(q, k, v, x, g).context[:, t] * cot)
-    gq, gk, gv, gg = jax.grad(f, argnums=(0, 1, 2, 3))(q, k, v, gate)
+    context_cot = np.zeros((STD["B"], STD["T"], STD["V"]))
+    context_cot[:, t] = cot  # the gradient of ⟨cot, context[:, t]⟩
+    _, (gq, gk, gv, gg) = std_vjp(q, k, v, x, gate, std_cotangent(context=context_cot))
     assert not any(np.any(a[:, s:]) for a, s in ((gq, t + 1), (gk, t), (gv, t), (gg, t)))
     assert t == 0 or all(np.any(a[:, :t]) for a in (gk, gv, gg)) and np.any(gq[:, t])
 
@@ -258,7 +282,7 @@ def pad(rows, width):
   return np.array([list(r) + [0.0] * (width - len(r)) for r in rows], np.float32)
 
 
-def run(keys, *, values=None, ids=None, gate=None, queries=None, initial_state=None):
+def run(keys, *, values=None, ids=None, gate=None, queries=None, initial_state=None, cos_scale=None):
   """slot_memory on one sequence of HAND's shape given as lists; (readout, final state)."""
   T, D, V = HAND["T"], HAND["D"], HAND["V"]
   k = pad(keys, D)[None]
@@ -268,15 +292,16 @@ def run(keys, *, values=None, ids=None, gate=None, queries=None, initial_state=N
   g = np.ones((1, T), np.float32) if gate is None else np.asarray([gate])
   assert k.shape == (1, T, D) and q.shape == k.shape and v.shape == (1, T, V)
   return slot_memory(q, k, v, x, n_slots=HAND["N"], top_k=HAND["top_k"], write_gate_BT=g,
-                     vocab_size=HAND["vocab"], initial_state=initial_state, return_state=True)
+                     vocab_size=HAND["vocab"], initial_state=initial_state, return_state=True,
+                     cos_scale=cos_scale)
 
 
 def hand_state(keys, *, ages, strength=(1.0, 1.0, 1.0)):
   """A full HAND memory with the given keys, ages and strengths (ids 0, 1, 2)."""
   N = HAND["N"]
-  return SlotState(keys=jnp.asarray(pad(keys, HAND["D"]))[None], values=jnp.zeros((1, N, HAND["V"])),
-                   ids=jnp.arange(N, dtype=jnp.int32)[None], strength=jnp.asarray([strength], jnp.float32),
-                   age=jnp.asarray([ages], jnp.int32), used=jnp.ones((1, N), bool))
+  return SlotState(keys=pad(keys, HAND["D"])[None], values=np.zeros((1, N, HAND["V"]), np.float32),
+                   ids=np.arange(N, dtype=np.int32)[None], strength=np.asarray([strength], np.float32),
+                   age=np.asarray([ages], np.int32), used=np.ones((1, N), bool))
 
 
 EYE = np.eye(HAND["D"]).tolist()
@@ -335,10 +360,13 @@ def test_read_keeps_the_top_k_used_slots():
   np.testing.assert_allclose(out.weights[0, 0], [1 - w1, w1, 0.0], rtol=1e-5)
 
 
+pointer = jax.jit(pointer_logits, static_argnums=2)
+
+
 def test_pointer_puts_the_weights_on_the_slot_ids():
-  w = jnp.array([[0.5, 0.2, 0.3, 0.0], [0.0, 0.0, 0.0, 0.0]])
-  ids = jnp.array([[2, 5, 2, -1], [0, 1, 2, -1]])
-  np.testing.assert_allclose(pointer_logits(w, ids, 6),
+  w = np.float32([[0.5, 0.2, 0.3, 0.0], [0.0, 0.0, 0.0, 0.0]])
+  ids = np.int32([[2, 5, 2, -1], [0, 1, 2, -1]])
+  np.testing.assert_allclose(pointer(w, ids, 6),
                              [[0, 0, 0.8, 0, 0, 0.2], [0, 0, 0, 0, 0, 0]], atol=1e-7)
   # through slot_memory: slots 0 and 2 are read, both hold id 4, and their weights add up
   out, _ = run(EYE[:3] + [EYE[3]] * 2, ids=[4, 1, 4, 0, 0], queries=[EYE[0]] * 3 + [[1.0, 0.0, 1.0]] * 2)
@@ -364,22 +392,24 @@ def test_zero_write_gate_writes_nothing_but_ages():
 # --------------------------------------------------------------------------------------
 
 
+@jax.jit
+def read_grad(state, q):
+  return jax.grad(lambda q: jnp.sum(slots.read(state, q, top_k=STD["top_k"])[0]))(q)
+
+
 def test_empty_memory_reads_zero_with_finite_gradients():
-  B, N, D, V = STD["B"], STD["N"], STD["D"], STD["V"]
+  B, N, D, V, T = STD["B"], STD["N"], STD["D"], STD["V"], STD["T"]
   state = slots.init(B, N, D, V)
-  context, w = slots.read(state, jnp.ones((B, D)), top_k=STD["top_k"])
+  context, w = slots.read(state, np.ones((B, D), np.float32), top_k=STD["top_k"])
   assert not np.any(context) and not np.any(w)
-  g = jax.grad(lambda q: jnp.sum(slots.read(state, q, top_k=STD["top_k"])[0]))(jnp.ones((B, D)))
+  g = read_grad(state, np.ones((B, D), np.float32))
   assert np.all(np.isfinite(g))
-  # a whole sequence of zero vectors, starting from the empty read
-  z, zv, x = jnp.zeros((B, STD["T"], D)), jnp.zeros((B, STD["T"], V)), np.zeros((B, STD["T"]), int)
-
-  def loss(q, k, v, g):
-    out = std_memory(q, k, v, x, g)
-    return jnp.sum(out.context) + jnp.sum(out.pointer)
-
-  val, grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(z, z, zv, jnp.full((B, STD["T"]), 0.5))
-  assert np.isfinite(val)
+  # a whole sequence of zero vectors, starting from the empty read: the value and the gradient of
+  # sum(context) + sum(pointer)
+  z, zv, x = np.zeros((B, T, D), np.float32), np.zeros((B, T, V), np.float32), np.zeros((B, T), np.int32)
+  cot = std_cotangent(context=np.ones((B, T, V)), pointer=np.ones((B, T, STD["vocab"])))
+  (context, pointer_BTZ, _, _), grads = std_vjp(z, z, zv, x, np.full((B, T), 0.5, np.float32), cot)
+  assert np.isfinite(np.sum(context) + np.sum(pointer_BTZ))
   for g in grads:
     assert np.all(np.isfinite(g))
 
@@ -387,24 +417,27 @@ def test_empty_memory_reads_zero_with_finite_gradients():
 def test_step_api_equals_the_scan():
   q, k, v, x, gate = std_case(9)
   q, k, v, g = f32(q, k, v, gate)
-  x = jnp.asarray(x, jnp.int32)
-  out, final = std_memory(q, k, v, x, g, return_state=True)
+  x = np.asarray(x, np.int32)
+  out, final = jax.tree.map(np.asarray, std_memory(q, k, v, x, g, return_state=True))
   state = slots.init(STD["B"], STD["N"], STD["D"], STD["V"])
   for t in range(STD["T"]):
     state, (context, w) = slots.step(state, q[:, t], k[:, t], v[:, t], x[:, t], gate_B=g[:, t],
                                      top_k=STD["top_k"])
     np.testing.assert_allclose(context, out.context[:, t], atol=1e-6)
     np.testing.assert_allclose(w, out.weights[:, t], atol=1e-6)
-    np.testing.assert_allclose(pointer_logits(w, out.ids[:, t], STD["vocab"]), out.pointer[:, t], atol=1e-6)
+    np.testing.assert_allclose(pointer(w, out.ids[:, t], STD["vocab"]), out.pointer[:, t], atol=1e-6)
   for a, b in zip(state, final, strict=True):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+vmapped_std_memory = jax.jit(jax.vmap(std_memory))
+
+
 def test_jit_and_vmap():
-  cases = [f32(*std_case(s)[:3]) + [jnp.asarray(std_case(s)[3]), jnp.asarray(std_case(s)[4], jnp.float32)]
-           for s in (11, 12)]
-  stacked = [jnp.stack(parts) for parts in zip(*cases, strict=True)]  # a leading "heads" axis
-  f = jax.jit(jax.vmap(std_memory))
+  cases = [f32(q, k, v) + [np.asarray(x, np.int32), np.asarray(g, np.float32)]
+           for q, k, v, x, g in (std_case(11), std_case(12))]
+  stacked = [np.stack(parts) for parts in zip(*cases, strict=True)]  # a leading "heads" axis
+  f = vmapped_std_memory
   mapped = f(*stacked)
   for h, case in enumerate(cases):
     eager = std_memory(*case)
@@ -428,20 +461,23 @@ class chex_traces:
 
 
 def test_bad_input_raises():
-  q, x = jnp.zeros((2, 5, 3)), jnp.zeros((2, 5), jnp.int32)
-  v = jnp.zeros((2, 5, 4))
+  f32z = lambda *shape: np.zeros(shape, np.float32)  # numpy inputs: the checks run before any JAX program
+  i32z = lambda *shape: np.zeros(shape, np.int32)
+  q, x = f32z(2, 5, 3), i32z(2, 5)
+  v = f32z(2, 5, 4)
+  with_id = lambda value, **kw: dict(ids_BT=np.where(np.arange(5) == 1, value, x).astype(np.int32), **kw)
   ok = dict(n_slots=4)
   cases = [
       (dict(queries_BTD=q[0]), "`queries_BTD` must have rank 3"),
-      (dict(keys_BTD=jnp.zeros((2, 5, 2))), "mismatched key widths"),
-      (dict(values_BTV=jnp.zeros((3, 5, 4))), "mismatched batch sizes"),
-      (dict(ids_BT=jnp.zeros((2, 6), jnp.int32)), "mismatched sequence lengths"),
-      (dict(ids_BT=x.astype(jnp.float32)), "`ids_BT` must hold integer"),
-      (dict(ids_BT=x.at[0, 1].set(-2)), "`ids_BT` must be non-negative"),
-      (dict(ids_BT=x.at[0, 1].set(7), vocab_size=7), r"`ids_BT` must lie in \[0, vocab_size=7\)"),
-      (dict(queries_BTD=q.astype(jnp.int32)), "`queries_BTD` must be a floating-point"),
+      (dict(keys_BTD=f32z(2, 5, 2)), "mismatched key widths"),
+      (dict(values_BTV=f32z(3, 5, 4)), "mismatched batch sizes"),
+      (dict(ids_BT=i32z(2, 6)), "mismatched sequence lengths"),
+      (dict(ids_BT=x.astype(np.float32)), "`ids_BT` must hold integer"),
+      (with_id(-2), "`ids_BT` must be non-negative"),
+      (with_id(7, vocab_size=7), r"`ids_BT` must lie in \[0, vocab_size=7\)"),
+      (dict(queries_BTD=q.astype(np.int32)), "`queries_BTD` must be a floating-point"),
       (dict(n_slots=0), "`n_slots` must be a positive integer"),
-      (dict(write_gate_BT=jnp.full((2, 5), 5.0)), r"`write_gate_BT` must lie in \[0, 1\]"),
+      (dict(write_gate_BT=np.full((2, 5), 5.0, np.float32)), r"`write_gate_BT` must lie in \[0, 1\]"),
       (dict(top_k=0), "`top_k` must be a positive integer"),
       (dict(top_k=5), "`top_k` must be at most `n_slots`"),
       (dict(threshold=1.5), r"`threshold` must lie in \[-1, 1\]"),
@@ -449,8 +485,8 @@ def test_bad_input_raises():
       (dict(temperature=0.0), "`temperature` must be a finite positive"),
       (dict(temperature=float("inf")), "`temperature` must be a finite positive"),
       (dict(vocab_size=0), "`vocab_size` must be a positive integer"),
-      (dict(write_gate_BT=jnp.ones((2, 4))), "`write_gate_BT` must have shape"),
-      (dict(write_gate_BT=jnp.ones((2, 5), jnp.int32)), "`write_gate_BT` must be boolean or floating"),
+      (dict(write_gate_BT=np.ones((2, 4), np.float32)), "`write_gate_BT` must have shape"),
+      (dict(write_gate_BT=np.ones((2, 5), np.int32)), "`write_gate_BT` must be boolean or floating"),
       (dict(initial_state=slots.init(2, 3, 3, 4)), "mismatched n_slots"),
       (dict(initial_state=slots.init(2, 4, 3, 5)), "mismatched d_value"),
   ]
@@ -461,45 +497,41 @@ def test_bad_input_raises():
       slot_memory(**kw)
   state = slots.init(2, 4, 3, 4)
   with pytest.raises(ValueError, match="mismatched key widths"):
-    slots.read(state, jnp.zeros((2, 2)))
+    slots.read(state, f32z(2, 2))
   with pytest.raises(ValueError, match="`query_BD` must have rank 2"):
-    slots.read(state, jnp.zeros((3,)))
+    slots.read(state, f32z(3))
   with pytest.raises(ValueError, match="`top_k` must be at most"):
-    slots.read(state, jnp.zeros((2, 3)), top_k=5)
+    slots.read(state, f32z(2, 3), top_k=5)
   with pytest.raises(ValueError, match="mismatched value widths"):
-    slots.write(state, jnp.zeros((2, 3)), jnp.zeros((2, 2)), jnp.zeros((2,), jnp.int32))
+    slots.write(state, f32z(2, 3), f32z(2, 2), i32z(2))
   with pytest.raises(ValueError, match="`id_B` must be non-negative"):
-    slots.write(state, jnp.zeros((2, 3)), jnp.zeros((2, 4)), jnp.full((2,), -1, jnp.int32))
+    slots.write(state, f32z(2, 3), f32z(2, 4), np.full((2,), -1, np.int32))
   with pytest.raises(ValueError, match="`gate_B` must have shape"):
-    slots.write(state, jnp.zeros((2, 3)), jnp.zeros((2, 4)), jnp.zeros((2,), jnp.int32), gate_B=jnp.ones(3))
+    slots.write(state, f32z(2, 3), f32z(2, 4), i32z(2), gate_B=np.ones(3, np.float32))
   with pytest.raises(ValueError, match="`state.age` must have shape"):
-    slots.read(state._replace(age=jnp.zeros((2, 3), jnp.int32)), jnp.zeros((2, 3)))
+    slots.read(state._replace(age=i32z(2, 3)), f32z(2, 3))
   with pytest.raises(ValueError, match="`state` must be a SlotState"):
-    slots.read(tuple(state), jnp.zeros((2, 3)))
+    slots.read(tuple(state), f32z(2, 3))
   with pytest.raises(ValueError, match="`ids_BN` must have the shape"):
-    pointer_logits(jnp.zeros((2, 4)), jnp.zeros((2, 3), jnp.int32), 5)
+    pointer_logits(f32z(2, 4), i32z(2, 3), 5)
   with pytest.raises(ValueError, match="`vocab_size` must be a positive integer"):
-    pointer_logits(jnp.zeros((2, 4)), jnp.zeros((2, 4), jnp.int32), 0)
+    pointer_logits(f32z(2, 4), i32z(2, 4), 0)
   with pytest.raises(ValueError, match="`n_slots` must be a positive integer"):
     slots.init(2, 0, 3, 4)
 
 
 def test_cos_scale_weights_the_cosine_against_log_strength():
   """score = s · cos + log(strength): checked by hand on two used slots (one merged twice)."""
-  D = 4
-  e = np.eye(D, dtype=np.float32)
-  # writes: key e0 (id 5) three times (merged: strength 3), key e1 (id 6) once; then read with query e1
-  keys = jnp.asarray([e[0], e[0], e[0], e[1], e[1]])[None]
-  values = jnp.asarray(np.arange(5 * 2, dtype=np.float32).reshape(5, 2))[None]
-  ids = jnp.asarray([[5, 5, 5, 6, 0]])
-  queries = jnp.asarray([e[1]] * 5)[None]
+  D, e = HAND["D"], EYE
+  # writes: key e0 (id 3) three times (merged: strength 3), key e1 (id 4) once; then read with query e1
+  keys = [e[0], e[0], e[0], e[1], e[1]]
+  values = np.arange(5 * 2, dtype=np.float32).reshape(5, 2)
   for scale in (None, 0.5, 8.0):
-    r = slots.slot_memory(queries, keys, values, ids, n_slots=3, top_k=2, temperature=8.0, vocab_size=8,
-                          cos_scale=scale)
+    r, _ = run(keys, values=values, ids=[3, 3, 3, 4, 0], queries=[e[1]] * 5, cos_scale=scale)
     s = 1 / np.sqrt(D) if scale is None else scale
     score = np.array([s * 0.0 + np.log(3.0), s * 1.0 + np.log(1.0)])   # cos(e1, e0) = 0, cos(e1, e1) = 1
-    w = np.exp(8 * (score - score.max()))
+    w = np.exp(8 * (score - score.max()))  # HAND's temperature: the default 8
     w /= w.sum()
-    np.testing.assert_allclose(np.asarray(r.pointer[0, 4, [5, 6]]), w, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(r.pointer[0, 4, [3, 4]]), w, rtol=1e-4)
   with pytest.raises(ValueError, match="cos_scale"):
-    slots.slot_memory(queries, keys, values, ids, n_slots=3, top_k=2, cos_scale=0.0)
+    run(keys, cos_scale=0.0)

@@ -1,6 +1,7 @@
 """The "ahat" mixer: registered, causal, soft-to-hard on the same parameters, trainable soft."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -12,13 +13,15 @@ from jaxmem.models import SoftmaxConfig, TransformerConfig, TransformerLM, mixer
 from jaxmem.models.mixers import AHATAttention, AHATConfig
 from jaxmem.train.losses import lm_loss
 from tests.models.adam import adam_steps
+from tests.models.jitted import forward
 
 TINY = dict(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16)
 TOKENS = jax.random.randint(jax.random.key(0), (2, 9), 0, 256)
 
 
-def _lm(mixer, seed=0, **kw):
-  return TransformerLM(TransformerConfig(**{**TINY, **kw}, mixer=mixer), rngs=nnx.Rngs(seed))
+@functools.cache   # one instance per mixer, shared by the tests that only read it
+def _lm(mixer):
+  return TransformerLM(TransformerConfig(**TINY, mixer=mixer), rngs=nnx.Rngs(0))
 
 
 def _same_params(model, mixer):
@@ -33,9 +36,10 @@ def test_registry_finds_ahat_and_round_trips_its_config():
   assert mixers.lookup("ahat") == (AHATConfig, AHATAttention)
   for cfg in (AHATConfig(), AHATConfig(beta=5.0, tol=1e-6, precision=None, short_conv=2)):
     assert mixers.MixerConfig.from_dict(cfg.to_dict()) == cfg
-    layer = mixers.build(cfg, d_model=16, n_heads=2, n_layers=2, dtype="float32", rngs=nnx.Rngs(0))
+    layer = nnx.eval_shape(lambda cfg=cfg: mixers.build(cfg, d_model=16, n_heads=2, n_layers=2, dtype="float32",
+                                                        rngs=nnx.Rngs(0)))
     assert isinstance(layer, AHATAttention)
-    assert layer(jnp.ones((2, 5, 16))).shape == (2, 5, 16)
+    assert nnx.eval_shape(lambda m, x: m(x), layer, jnp.ones((2, 5, 16))).shape == (2, 5, 16)
   assert mixers.default_dict("ahat") == {"name": "ahat", "beta": None, "tol": 0.0, "precision": "highest",
                                          "short_conv": 0}
   assert mixers.MixerConfig.from_dict({"name": "ahat", "beta": 2.0}) == AHATConfig(beta=2.0)
@@ -45,17 +49,17 @@ def test_registry_finds_ahat_and_round_trips_its_config():
 def test_forward_pass_gives_finite_logits(mixer):
   model = _lm(mixer)
   assert isinstance(model.blocks.attn, AHATAttention)
-  logits = model(TOKENS)
+  logits = forward(model, TOKENS)
   assert logits.shape == (2, 9, 256) and np.isfinite(np.asarray(logits)).all()
 
 
 @pytest.mark.parametrize("mixer", [AHATConfig(), AHATConfig(beta=5.0)])
 def test_is_causal_exactly(mixer):
   model = _lm(mixer)
-  base = np.asarray(model(TOKENS))
-  for t in (0, 4, 7):
+  base = np.asarray(forward(model, TOKENS))
+  for t in (0, 4, 7):   # one compiled program on other inputs: earlier logits must be bit-identical
     changed = TOKENS.at[:, t + 1:].set((TOKENS[:, t + 1:] + 17) % 256)
-    out = np.asarray(model(changed))
+    out = np.asarray(forward(model, changed))
     np.testing.assert_array_equal(out[:, : t + 1], base[:, : t + 1])
     assert np.abs(out[:, t + 1:] - base[:, t + 1:]).max() > 0
 
@@ -64,24 +68,24 @@ def test_soft_mixer_approaches_hard_mixer_on_the_same_params():
   x = jax.random.normal(jax.random.key(1), (2, 9, 16))
   dims = dict(d_model=16, n_heads=2, n_layers=1, dtype="float32")
   hard = mixers.build(AHATConfig(), **dims, rngs=nnx.Rngs(2))
-  want = np.asarray(hard(x))
+  want = np.asarray(forward(hard, x))
   errors = []
   for beta in (1.0, 100.0, 1e4):
     soft = mixers.build(AHATConfig(beta=beta), **dims, rngs=nnx.Rngs(3))
     nnx.update(soft, nnx.state(hard))
-    errors.append(float(np.abs(np.asarray(soft(x)) - want).max()))
+    errors.append(float(np.abs(np.asarray(forward(soft, x)) - want).max()))
   assert errors[0] > errors[1] >= errors[2], errors
   assert errors[0] > 1e-3 and errors[2] < 1e-5, errors
   # and the whole LM
   model = _lm(AHATConfig())
   soft_lm = _same_params(model, AHATConfig(beta=1e4))
-  np.testing.assert_allclose(soft_lm(TOKENS), model(TOKENS), rtol=0, atol=1e-5)
+  np.testing.assert_allclose(forward(soft_lm, TOKENS), forward(model, TOKENS), rtol=0, atol=1e-5)
 
 
 def test_beta_one_over_root_head_dim_is_the_softmax_mixer():
   soft = _lm(SoftmaxConfig(precision="highest"))
   ahat = _same_params(soft, AHATConfig(beta=(16 // 2) ** -0.5))
-  np.testing.assert_allclose(ahat(TOKENS), soft(TOKENS), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(forward(ahat, TOKENS), forward(soft, TOKENS), rtol=1e-5, atol=1e-5)
 
 
 def test_hard_mixer_has_zero_gradient_wrt_query_and_key_projections():
@@ -96,7 +100,7 @@ def test_hard_mixer_has_zero_gradient_wrt_query_and_key_projections():
 
 
 def test_a_few_adam_steps_with_soft_beta_reduce_the_loss():
-  model = _lm(AHATConfig(beta=5.0))
+  model = _lm(AHATConfig(beta=5.0))   # adam_steps trains a copy of the parameters, not the model
   tokens = jax.random.randint(jax.random.key(3), (4, 12), 0, 32)
   losses, g0, graphdef, params = adam_steps(model, tokens, lr=1e-2, steps=8)
   g = np.asarray(g0["blocks"]["attn"]["qkv"]["kernel"][...])
@@ -104,7 +108,7 @@ def test_a_few_adam_steps_with_soft_beta_reduce_the_loss():
   assert np.all(np.isfinite(losses)) and losses[-1] < 0.8 * losses[0], losses
   # and the trained parameters evaluate hard
   hard = _same_params(nnx.merge(graphdef, params), dataclasses.replace(model.cfg.mixer, beta=None))
-  assert np.isfinite(np.asarray(hard(tokens[:, :-1]))).all()
+  assert np.isfinite(np.asarray(forward(hard, TOKENS))).all()
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,6 @@
-"""Conditioning-circuit Transformer: the "assoc" mixer with a learning rule as a config field."""
+"""Conditioning-circuit Transformer: the "assoc" mixer with a learning rule as a config field. The hebb circuit
+is linear attention then W_O (float64 numpy); chunked and recurrent forms agree in the model; causal by exact
+zero Jacobian blocks; large weights and underflowing decays stay finite under jit (values and gradients)."""
 
 import dataclasses
 
@@ -10,6 +12,7 @@ from flax import nnx
 
 from jaxmem.models import AssocConfig, TransformerConfig, TransformerLM
 from jaxmem.models.mixers import AssociativeMemory
+from tests.models.jitted import assert_causal, forward, logit_jacobian
 
 MIXER = AssocConfig(chunk_size=4)
 BASE = TransformerConfig(d_model=24, n_layers=2, n_heads=3, d_ff=40, max_len=16, mixer=MIXER)
@@ -20,53 +23,61 @@ def model_cfg(body=None, **mixer_kw):
   return dataclasses.replace(BASE, **(body or {}), mixer=dataclasses.replace(MIXER, **mixer_kw))
 
 
-def layer(**mixer_kw):
-  return AssociativeMemory(dataclasses.replace(MIXER, **mixer_kw), d_model=24, n_heads=3, n_layers=2,
-                           dtype="float32", rngs=nnx.Rngs(0))
+def layer(abstract=False, **mixer_kw):
+  build = lambda: AssociativeMemory(dataclasses.replace(MIXER, **mixer_kw), d_model=24, n_heads=3, n_layers=2,
+                                    dtype="float32", rngs=nnx.Rngs(0))
+  return nnx.eval_shape(build) if abstract else build()
+
+
 X = jax.random.normal(jax.random.key(1), (2, 11, 24))
 TOKENS = jax.random.randint(jax.random.key(0), (2, 11), 0, 256)
+W_V = jax.random.normal(jax.random.key(7), (256,))
+f64 = lambda a: np.asarray(a, np.float64)
+
+
+def heads64(lay):
+  """q, k, v ``[B, T, H, K]`` of ``lay`` on ``X``, in float64 numpy."""
+  qkv = (f64(X) @ f64(lay.qkv.kernel[...])).reshape(2, 11, 3, 3, 8)
+  return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
 
 
 def linear_attention(q, k, v):
   """o_t = Σ_{s≤t} v_s (k_s · q_t), written directly (Katharopoulos et al. 2020, no normaliser)."""
-  scores = jnp.einsum("bthd,bshd->bhts", q, k) * jnp.tril(jnp.ones((q.shape[1], q.shape[1])))[None, None]
-  return jnp.einsum("bhts,bshe->bthe", scores, v)
+  scores = np.einsum("bthd,bshd->bhts", q, k) * np.tril(np.ones((q.shape[1], q.shape[1])))[None, None]
+  return np.einsum("bhts,bshe->bthe", scores, v)
 
 
 @pytest.mark.parametrize("feature_map", ["identity", "elu1"])
 def test_hebb_circuit_is_linear_attention_then_w_o(feature_map):
   lay = layer(rule="hebb", feature_map=feature_map)
-  qkv = lay.qkv(X).reshape(2, 11, 3, 3, 8)
-  q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+  q, k, v = heads64(lay)
   if feature_map == "elu1":
-    q, k = jax.nn.elu(q) + 1, jax.nn.elu(k) + 1
-  expected = linear_attention(q, k, v).reshape(2, 11, 24) @ lay.out.kernel[...]
-  np.testing.assert_allclose(lay(X), expected, rtol=1e-4, atol=1e-5)
+    elu1 = lambda z: np.where(z > 0, z + 1, np.exp(z))
+    q, k = elu1(q), elu1(k)
+  expected = linear_attention(q, k, v).reshape(2, 11, 24) @ f64(lay.out.kernel[...])
+  np.testing.assert_allclose(forward(lay, X), expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("rule", ["delta", "oja", "decay", "gated_delta"])
 def test_chunked_and_recurrent_circuits_agree_in_the_model(rule):
   a = TransformerLM(model_cfg(rule=rule, key_norm=True, mode="recurrent"), rngs=nnx.Rngs(0))
   b = TransformerLM(model_cfg(rule=rule, key_norm=True, mode="chunked"), rngs=nnx.Rngs(0))
-  np.testing.assert_allclose(a(TOKENS), b(TOKENS), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(forward(a, TOKENS), forward(b, TOKENS), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("rule", ["hebb", "delta", "oja", "gated_delta"])
 def test_circuit_model_is_causal_by_gradient(rule):
+  """Every logit at t: exactly zero gradient w.r.t. the embeddings after t (and other rows), nonzero before."""
   model = TransformerLM(model_cfg(rule=rule, key_norm=True), rngs=nnx.Rngs(0))
-  graphdef, state = nnx.split(model)
-  x = model.embed_tokens(TOKENS)
-  t = 5
-  g = jax.grad(lambda x: nnx.merge(graphdef, state, copy=True).logits_from_embeddings(x)[:, t].sum())(x)
-  per_pos = np.abs(np.asarray(g)).sum(axis=(0, 2))
-  assert np.all(per_pos[t + 1:] == 0.0) and np.all(per_pos[: t + 1] > 0.0)
+  assert_causal(logit_jacobian(model, TOKENS, W_V), rule)
 
 
 def test_gates_exist_only_where_the_rule_uses_them():
-  assert layer(rule="hebb").beta is None and layer(rule="hebb").decay is None
-  assert layer(rule="delta").beta is not None and layer(rule="delta").decay is None
-  assert layer(rule="decay").beta is None and layer(rule="decay").decay is not None
-  assert layer(rule="gated_delta").beta is not None and layer(rule="gated_delta").decay is not None
+  gates = {r: layer(abstract=True, rule=r) for r in ("hebb", "delta", "decay", "gated_delta")}
+  assert gates["hebb"].beta is None and gates["hebb"].decay is None
+  assert gates["delta"].beta is not None and gates["delta"].decay is None
+  assert gates["decay"].beta is None and gates["decay"].decay is not None
+  assert gates["gated_delta"].beta is not None and gates["gated_delta"].decay is not None
 
 
 @pytest.mark.parametrize("kw,match", [({"rule": "anti_hebb"}, "AssocConfig.rule"),
@@ -103,16 +114,14 @@ def test_circuit_lm_trains(synthetic_data_dir, tmp_path):
 RULES = ["hebb", "delta", "oja", "decay", "gated_delta"]
 
 
+@nnx.jit
 def _loss_and_grads(model, tokens):
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-
-  @jax.jit
-  def f(params):
-    logits = nnx.merge(graphdef, params, rest).logits_from_embeddings(
-        nnx.merge(graphdef, params, rest).embed_tokens(tokens))
+  """Under jit (no eager check sees the values): a loss, the logits, and the gradient w.r.t. every parameter."""
+  def f(m):
+    logits = m(tokens)
     return jnp.mean(jax.nn.logsumexp(logits, -1)), logits
 
-  (loss, logits), grads = jax.value_and_grad(f, has_aux=True)(params)
+  (loss, logits), grads = nnx.value_and_grad(f, has_aux=True)(model)
   return loss, logits, grads
 
 
@@ -130,16 +139,18 @@ def test_erase_vectors_are_normalised_by_default_for_the_erasing_rules():
     dataclasses.replace(MIXER, key_norm="yes")
 
 
+LONG = {"max_len": 64}
+LONG_TOKENS = jax.random.randint(jax.random.key(2), (2, 64), 0, 256)
+
+
 @pytest.mark.parametrize("rule,mode",
                          [(r, "auto") for r in RULES] + [("delta", "chunked"), ("oja", "recurrent")])
 def test_qkv_weights_times_ten_stay_finite_under_jit(rule, mode):
   # Large projections make ‖k‖² ≫ 2/β: the raw delta / oja rules diverge, and under jit no
   # eager guard can see it. The default (normalised erase vectors) is stable by construction.
-  cfg = model_cfg({"max_len": 64}, rule=rule, mode=mode)
-  model = TransformerLM(cfg, rngs=nnx.Rngs(0))
+  model = TransformerLM(model_cfg(LONG, rule=rule, mode=mode), rngs=nnx.Rngs(0))
   model.blocks.attn.qkv.kernel[...] = 10.0 * model.blocks.attn.qkv.kernel[...]
-  tokens = jax.random.randint(jax.random.key(2), (2, 64), 0, 256)
-  loss, logits, grads = _loss_and_grads(model, tokens)
+  loss, logits, grads = _loss_and_grads(model, LONG_TOKENS)
   assert np.isfinite(float(loss)) and _all_finite(logits) and _all_finite(grads)
 
 
@@ -148,18 +159,22 @@ def test_qkv_weights_times_ten_stay_finite_under_jit(rule, mode):
 def test_decay_gates_that_underflow_to_zero_stay_finite(rule, mode):
   # σ(−200) is exactly 0 in float32: the model passes log σ (finite) instead of σ, so
   # log γ is never log 0 and values and gradients (also of the gate itself) stay finite.
-  model = TransformerLM(model_cfg(rule=rule, mode=mode), rngs=nnx.Rngs(0))
+  # "auto": the long model of the test above, whose programs are then compiled once for both (the other
+  # forms' programs grow with the length: they keep the short one)
+  long = mode == "auto"
+  model = TransformerLM(model_cfg(LONG if long else None, rule=rule, mode=mode), rngs=nnx.Rngs(0))
   assert float(jax.nn.sigmoid(jnp.float32(-200.0))) == 0.0
   model.blocks.attn.decay.bias[...] = jnp.full_like(model.blocks.attn.decay.bias[...], -200.0)
-  loss, logits, grads = _loss_and_grads(model, TOKENS)
+  loss, logits, grads = _loss_and_grads(model, LONG_TOKENS if long else TOKENS)
   assert np.isfinite(float(loss)) and _all_finite(logits) and _all_finite(grads)
   # a memory that forgets everything each step reads only the current token: o_t = β v_t k_tᵀ q_t
   lay = layer(rule=rule, mode=mode)
   lay.decay.bias[...] = jnp.full_like(lay.decay.bias[...], -200.0)
-  qkv = lay.qkv(X).reshape(2, 11, 3, 3, 8)
-  q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+  q, k, v = heads64(lay)
   if lay.cfg.normalizes_erase:
-    k = k / jnp.sqrt(jnp.sum(k * k, -1, keepdims=True) + 1e-6)
-  beta = 1.0 if lay.beta is None else jax.nn.sigmoid(lay.beta(X))[..., None]
-  o = beta * v * jnp.sum(k * q, -1, keepdims=True)
-  np.testing.assert_allclose(lay(X), o.reshape(2, 11, 24) @ lay.out.kernel[...], rtol=1e-4, atol=1e-5)
+    k = k / np.sqrt(np.sum(k * k, -1, keepdims=True) + 1e-6)
+  beta = 1.0 if lay.beta is None else 1.0 / (1.0 + np.exp(-(f64(X) @ f64(lay.beta.kernel[...])
+                                                          + f64(lay.beta.bias[...]))))[..., None]
+  o = beta * v * np.sum(k * q, -1, keepdims=True)
+  np.testing.assert_allclose(forward(lay, X), o.reshape(2, 11, 24) @ f64(lay.out.kernel[...]), rtol=1e-4,
+                             atol=1e-5)

@@ -28,38 +28,41 @@ def _unimatrix(**kw):
                                      max_len=T, **kw), rngs=nnx.Rngs(0))
 
 
+TOKENS = jax.random.randint(jax.random.key(1), (2, T + 1), 0, 64)
+BATCH = {"inputs": TOKENS[:, :-1], "targets": TOKENS[:, 1:]}
+
+
 def _grad_and_temp_bytes(model):
+  """The parameter gradients of the LM loss and XLA's temp memory of that compiled backward pass: one compile
+  serves both (``lower().compile()`` then the compiled program's call)."""
   g, p, r = nnx.split(model, nnx.Param, ...)
-  tokens = jax.random.randint(jax.random.key(1), (2, T + 1), 0, 64)
-  batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
-  f = jax.jit(jax.grad(lambda p: lm_loss(nnx.merge(g, p, r), batch)[0]))
-  temp = f.lower(p).compile().memory_analysis().temp_size_in_bytes
-  return jax.tree.leaves(f(p)), temp
+  compiled = jax.jit(jax.grad(lambda p: lm_loss(nnx.merge(g, p, r), BATCH)[0])).lower(p).compile()
+  return jax.tree.leaves(compiled(p)), compiled.memory_analysis().temp_size_in_bytes
 
 
 def _scan_residuals(model, capsys) -> list:
-  """Trailing dims of the per-layer tensors the backward pass keeps from the layer / depth scan."""
+  """Trailing dims of the per-layer tensors the backward pass keeps from the layer / depth scan (traced)."""
   g, p, r = nnx.split(model, nnx.Param, ...)
-  tokens = jax.random.randint(jax.random.key(1), (2, T + 1), 0, 64)
-  batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
   capsys.readouterr()
-  print_saved_residuals(lambda p: lm_loss(nnx.merge(g, p, r), batch)[0], p)
+  print_saved_residuals(lambda p: lm_loss(nnx.merge(g, p, r), BATCH)[0], p)
   lines = capsys.readouterr().out.splitlines()
-  pattern = re.compile(r"f32\[\d+,2,128,(\d+)\] output of scan")
+  pattern = re.compile(rf"f32\[\d+,2,{T},(\d+)\] output of scan")
   return sorted(int(m.group(1)) for line in lines if (m := pattern.match(line)))
 
 
 @pytest.mark.parametrize("make", [_transformer, _unimatrix], ids=["transformer_assoc", "unimatrix_core"])
 def test_every_policy_gives_the_same_gradients_keeps_what_it_says_and_saves_memory(make, capsys):
   ref, mem_none = _grad_and_temp_bytes(make())
+  kept = {}
   for name in REMAT_POLICIES:
-    grads, mem = _grad_and_temp_bytes(make(remat=True, remat_policy=name))
+    model = make(remat=True, remat_policy=name)
+    grads, mem = _grad_and_temp_bytes(model)
     for a, b in zip(grads, ref, strict=True):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7, err_msg=name)
     if name == "full":
       assert mem < 0.6 * mem_none, (mem, mem_none)   # XLA's compiled temp memory of the backward pass
+    kept[name] = _scan_residuals(model, capsys)
   D, H, F = 64, 4, 256
-  kept = {name: _scan_residuals(make(remat=True, remat_policy=name), capsys) for name in REMAT_POLICIES}
   assert kept["full"] == [D]                        # only each layer's input
   assert {3 * D, F} <= set(kept["dots"]) and H in kept["dots"] and D in kept["dots"]  # + q/k/v, FFN, gates
 

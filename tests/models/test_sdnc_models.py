@@ -1,4 +1,6 @@
-"""sDNC models: the multi-head sDNC with W_O is MHA; hybrids reduce to the Transformer."""
+"""sDNC models: the multi-head sDNC with W_O is MHA (our kernel and jax.nn.dot_product_attention); the sDNC
+Transformer equals the Transformer in values and gradients; hybrids with neutral gates reduce to the plain
+Transformer written out in float64 numpy, and each gate moves the logits; the two-memory encoder-decoder."""
 
 import dataclasses
 
@@ -20,16 +22,23 @@ from jaxmem.models import (
   copy_params,
   mixers,
 )
+from tests.models.jitted import forward, forward2
 
 CFG = TransformerConfig(d_model=24, n_layers=2, n_heads=3, d_ff=40, max_len=16)
 TOKENS = jax.random.randint(jax.random.key(0), (2, 11), 0, 256)
 
 
-def pure_loss(model, tokens):
-  graphdef, state = nnx.split(model)
-  def f(state):
-    return jnp.sum(nnx.merge(graphdef, state, copy=True)(tokens) ** 2) * 1e-3
-  return f, state
+@nnx.jit
+def logits_and_grads(model, tokens):
+  """The logits and the gradient of ``1e-3 · Σ logits²`` w.r.t. every parameter: one compiled program."""
+  def loss(m):
+    logits = m(tokens)
+    return jnp.sum(logits ** 2) * 1e-3, logits
+  (_, logits), grads = nnx.value_and_grad(loss, has_aux=True)(model)
+  return logits, grads
+
+
+_dot_product_attention = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True))
 
 
 def test_multihead_sdnc_read_with_w_o_is_standard_mha():
@@ -38,21 +47,23 @@ def test_multihead_sdnc_read_with_w_o_is_standard_mha():
   mha = mixers.build(SoftmaxConfig(), **dims, rngs=nnx.Rngs(0))
   sdnc = mixers.build(SDNCConfig(), **dims, rngs=nnx.Rngs(7))
   copy_params(mha, sdnc)
-  np.testing.assert_allclose(sdnc(x), mha(x), rtol=1e-5, atol=1e-6)
+  y = forward(sdnc, x)
+  np.testing.assert_allclose(y, forward(mha, x), rtol=1e-5, atol=1e-6)
   # and independently of our kernel: heads as jax.nn.dot_product_attention, then W_O
-  qkv = mha.qkv(x).reshape(2, 9, 3, 3, 8)
-  heads = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True)
-  np.testing.assert_allclose(sdnc(x), heads.reshape(2, 9, 24) @ mha.out.kernel[...], rtol=1e-5, atol=1e-6)
+  qkv = jnp.asarray(np.asarray(x, np.float64) @ np.asarray(mha.qkv.kernel[...], np.float64),
+                    jnp.float32).reshape(2, 9, 3, 3, 8)
+  heads = np.asarray(_dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]), np.float64)
+  w_o = np.asarray(mha.out.kernel[...], np.float64)
+  np.testing.assert_allclose(y, heads.reshape(2, 9, 24) @ w_o, rtol=1e-5, atol=1e-6)
 
 
 def test_sdnc_transformer_equals_transformer_values_and_gradients():
   plain = TransformerLM(CFG, rngs=nnx.Rngs(0))
   sdnc = SDNCTransformer(CFG, rngs=nnx.Rngs(3))
   copy_params(plain, sdnc)
-  np.testing.assert_allclose(sdnc(TOKENS), plain(TOKENS), rtol=1e-5, atol=1e-5)
-  f1, s1 = pure_loss(plain, TOKENS)
-  f2, s2 = pure_loss(sdnc, TOKENS)
-  for a, b in zip(jax.tree.leaves(jax.grad(f1)(s1)), jax.tree.leaves(jax.grad(f2)(s2)), strict=True):
+  (y1, g1), (y2, g2) = logits_and_grads(plain, TOKENS), logits_and_grads(sdnc, TOKENS)
+  np.testing.assert_allclose(y2, y1, rtol=1e-5, atol=1e-5)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
@@ -137,11 +148,11 @@ def test_hybrid_flags_off_is_the_plain_transformer():
   assert attn.write_gate is None and attn.erase_gate is None and attn.read_modes is None
   # the reference itself is right: it reproduces the unperturbed model and reacts to a weight change
   ref0 = reference_logits(off, TOKENS)
-  np.testing.assert_allclose(off(TOKENS), ref0, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(forward(off, TOKENS), ref0, rtol=1e-4, atol=1e-5)
   perturb(off, 1)
   ref = reference_logits(off, TOKENS)
   assert np.abs(ref - ref0).max() > 1.0
-  np.testing.assert_allclose(off(TOKENS), ref, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(forward(off, TOKENS), ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("flags", [dict(write_gate=True), dict(erase=True), dict(link_reads=True),
@@ -160,7 +171,7 @@ def test_each_hybrid_at_neutral_gates_reduces_exactly_to_the_transformer(flags):
   if attn.read_modes is not None:
     attn.read_modes.kernel[...] = jnp.zeros_like(attn.read_modes.kernel[...])
     attn.read_modes.bias[...] = jnp.tile(jnp.array([-1e4, 1e4, -1e4]), (CFG.n_layers, CFG.n_heads))
-  np.testing.assert_allclose(hybrid(TOKENS), plain(TOKENS), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(forward(hybrid, TOKENS), forward(plain, TOKENS), rtol=1e-5, atol=1e-5)
   # the shared weights are exactly the plain model's, plus one projection per flag that is on
   assert param_paths(hybrid) == PLAIN_PATHS | {f"blocks/attn/{GATES[f]}/{w}" for f in flags
                                                for w in ("kernel", "bias")}
@@ -171,18 +182,17 @@ def test_each_hybrid_at_neutral_gates_reduces_exactly_to_the_transformer(flags):
   copy_params(plain, hybrid)
   set_gates(attn)
   ref = reference_logits(plain, TOKENS)
-  np.testing.assert_allclose(hybrid(TOKENS), ref, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(forward(hybrid, TOKENS), ref, rtol=1e-4, atol=1e-4)
   for flag in flags:  # one gate input-dependent, the others neutral
     set_gates(attn, active=(GATES[flag],))
-    moved = float(np.abs(np.asarray(hybrid(TOKENS)) - ref).max())
+    moved = float(np.abs(np.asarray(forward(hybrid, TOKENS)) - ref).max())
     assert moved > 0.1, f"{flag}: an input-dependent gate moved the logits by only {moved:.2e}"
 
 
 def test_hybrid_gates_receive_gradients_and_stay_finite():
   hybrid = TransformerLM(dataclasses.replace(CFG, mixer=SDNCHybridConfig(write_gate=True, erase=True,
                                                                          link_reads=True)), rngs=nnx.Rngs(0))
-  f, state = pure_loss(hybrid, TOKENS)
-  grads = jax.grad(f)(state)
+  _, grads = logits_and_grads(hybrid, TOKENS)
   for name in ("write_gate", "erase_gate", "read_modes"):
     g = grads["blocks"]["attn"][name]["kernel"]
     assert np.isfinite(np.asarray(g)).all() and np.abs(np.asarray(g)).sum() > 0, name
@@ -206,21 +216,22 @@ def test_encoder_decoder_two_memory_sdnc_equals_cross_attention_model():
                             rngs=nnx.Rngs(9))
   copy_params(plain, sdnc)
   src = jax.random.randint(jax.random.key(2), (2, 7), 0, 256)
-  out = plain(src, TOKENS)
+  out = forward2(plain, src, TOKENS)
   assert out.shape == (2, 11, 256)
-  np.testing.assert_allclose(sdnc(src, TOKENS), out, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(forward2(sdnc, src, TOKENS), out, rtol=1e-5, atol=1e-5)
   # the decoder is causal in its own tokens and sees the whole source
   t2 = TOKENS.at[:, 8:].set(0)
-  np.testing.assert_allclose(plain(src, t2)[:, :8], out[:, :8], rtol=1e-5, atol=1e-6)
-  assert not np.allclose(plain(src.at[:, -1].set(1), TOKENS)[:, 0], out[:, 0])
+  np.testing.assert_allclose(forward2(plain, src, t2)[:, :8], out[:, :8], rtol=1e-5, atol=1e-6)
+  assert not np.allclose(forward2(plain, src.at[:, -1].set(1), TOKENS)[:, 0], out[:, 0])
 
 
 def test_continuous_io_and_position_options():
+  # built and applied abstractly: the whole init and forward are traced (shapes checked), nothing compiled
+  shape = lambda m, x: nnx.eval_shape(lambda m, x: m(x), m, x).shape
   for positions in ("learned", "sinusoidal", "none"):
-    m = TransformerLM(dataclasses.replace(CFG, input_dim=5, output_dim=4, positions=positions),
-                      rngs=nnx.Rngs(0))
-    assert m(jnp.ones((2, 9, 5))).shape == (2, 9, 4)
-  m = TransformerLM(dataclasses.replace(CFG, input_dim=5, output_dim=4, positions="none"), rngs=nnx.Rngs(0))
-  assert m(jnp.ones((1, 40, 5))).shape == (1, 40, 4)  # no max_len limit without learned positions
+    m = nnx.eval_shape(lambda p=positions: TransformerLM(
+        dataclasses.replace(CFG, input_dim=5, output_dim=4, positions=p), rngs=nnx.Rngs(0)))
+    assert shape(m, jnp.ones((2, 9, 5))) == (2, 9, 4)
+  assert shape(m, jnp.ones((1, 40, 5))) == (1, 40, 4)  # no max_len limit without learned positions
   with pytest.raises(ValueError, match="channels"):
     m(jnp.ones((1, 4, 6)))

@@ -1,4 +1,5 @@
-"""The baseline LM: shapes, causality by gradient, remat/tied variants, config errors."""
+"""The baseline LM: shapes, causality by exact zero Jacobian blocks (logits and per-token loss), remat and
+tied variants, the short convolution against a float64 numpy loop (values and gradients), config errors."""
 
 import jax
 import jax.numpy as jnp
@@ -7,79 +8,83 @@ import pytest
 from flax import nnx
 
 from jaxmem.models import AssocConfig, SoftmaxConfig, TransformerConfig, TransformerLM, count_params
+from jaxmem.train.losses import token_nll
+from tests.models.jitted import assert_causal, forward, logit_jacobian
 
 TINY = dict(d_model=24, n_layers=2, n_heads=3, d_ff=40, max_len=16)
+TOKENS = jax.random.randint(jax.random.key(1), (2, 11), 0, 256)   # the one input shape of this module
+W_V = jax.random.normal(jax.random.key(7), (256,))
 
 
 def make(**kw):
   return TransformerLM(TransformerConfig(**{**TINY, **kw}), rngs=nnx.Rngs(0))
 
 
-def test_logits_shape_and_dtype():
-  logits = make()(jnp.zeros((2, 11), jnp.int32))
+@pytest.fixture(scope="module")
+def tiny():
+  return make()
+
+
+def test_logits_shape_and_dtype(tiny):
+  logits = forward(tiny, jnp.zeros((2, 11), jnp.int32))
   assert logits.shape == (2, 11, 256) and logits.dtype == jnp.float32
 
 
-@pytest.mark.parametrize("t", [0, 4, 10])
-def test_causality_by_gradient(t):
-  """d logits[:, t] / d inputs[:, s] is exactly zero for s > t and nonzero for s <= t."""
-  model = make()
-  tokens = jax.random.randint(jax.random.key(1), (2, 11), 0, 256)
-  x = model.embed_tokens(tokens)
-
+@nnx.jit
+def _logit_and_nll_jacobians(model, tokens_BT, w_V):
+  """``J[b, t, c, s] = Σ_d |∂ y[b, t] / ∂ x[c, s, d]|`` w.r.t. the embeddings ``x``, for ``y`` the logits read
+  out along ``w`` and for the next-token loss: every position, one compiled program."""
   graphdef, state = nnx.split(model)
+  targets = jnp.roll(tokens_BT, -1, axis=1)
 
-  def out_at_t(x):
-    return nnx.merge(graphdef, state, copy=True).logits_from_embeddings(x)[:, t].sum()
+  def outputs(x):
+    logits = nnx.merge(graphdef, state, copy=True).logits_from_embeddings(x)
+    return logits @ w_V, token_nll(logits, targets)
 
-  g = jax.grad(out_at_t)(x)  # [B, T, D]
-  per_pos = np.abs(np.asarray(g)).sum(axis=(0, 2))
-  assert np.all(per_pos[t + 1:] == 0.0), per_pos
-  assert np.all(per_pos[: t + 1] > 0.0), per_pos
-
-
-def test_loss_at_t_has_zero_gradient_wrt_later_inputs():
-  from jaxmem.train.losses import token_nll
-  model = make()
-  tokens = jax.random.randint(jax.random.key(2), (1, 9), 0, 256)
-  targets = jnp.roll(tokens, -1, axis=1)
-  x = model.embed_tokens(tokens)
-  graphdef, state = nnx.split(model)
-  logits = lambda x: nnx.merge(graphdef, state, copy=True).logits_from_embeddings(x)
-  for t in (2, 7):
-    g = jax.grad(lambda x: token_nll(logits(x), targets)[0, t])(x)
-    assert np.all(np.asarray(g)[0, t + 1:] == 0.0)
-    assert np.abs(np.asarray(g)[0, t]).sum() > 0
+  return jax.tree.map(lambda j: jnp.abs(j).sum(-1), jax.jacrev(outputs)(model.embed_tokens(tokens_BT)))
 
 
-def test_remat_gives_identical_values_and_gradients():
-  tokens = jax.random.randint(jax.random.key(3), (2, 9), 0, 256)
-  plain, remat = make(), make(remat=True)
-  def loss(m):
-    return m(tokens).mean()
-  np.testing.assert_allclose(loss(plain), loss(remat), rtol=1e-6)
-  g1 = nnx.grad(loss)(plain)
-  g2 = nnx.grad(loss)(remat)
+@pytest.fixture(scope="module")
+def tiny_jacobians(tiny):
+  return _logit_and_nll_jacobians(tiny, TOKENS, W_V)
+
+
+def test_causality_by_gradient(tiny_jacobians):
+  """d logits[b, t] / d inputs[c, s] is exactly zero for s > t (and c ≠ b) and nonzero for s ≤ t, at every t."""
+  assert_causal(tiny_jacobians[0], "logits")
+
+
+def test_loss_at_t_has_zero_gradient_wrt_later_inputs(tiny_jacobians):
+  assert_causal(tiny_jacobians[1], "token loss")
+
+
+@nnx.jit
+def _mean_logit_and_grads(model, tokens):
+  return nnx.value_and_grad(lambda m: m(tokens).mean())(model)
+
+
+def test_remat_gives_identical_values_and_gradients(tiny):
+  (v1, g1), (v2, g2) = _mean_logit_and_grads(tiny, TOKENS), _mean_logit_and_grads(make(remat=True), TOKENS)
+  np.testing.assert_allclose(v1, v2, rtol=1e-6)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
 def test_untied_embeddings_add_a_head():
-  tied, untied = make(), make(tie_embeddings=False)
+  tied, untied = (nnx.eval_shape(lambda t=t: make(tie_embeddings=t)) for t in (True, False))
   assert count_params(untied) - count_params(tied) == 24 * 256
 
 
 def test_bfloat16_compute_is_finite_and_float32_logits():
-  logits = make(dtype="bfloat16")(jnp.ones((1, 8), jnp.int32))
+  logits = forward(make(dtype="bfloat16"), TOKENS)
   assert logits.dtype == jnp.float32 and np.isfinite(np.asarray(logits)).all()
 
 
-def test_too_long_input_and_bad_rank_raise():
-  model = make()
+def test_too_long_input_and_bad_rank_raise(tiny):
   with pytest.raises(ValueError, match="max_len=16"):
-    model(jnp.zeros((1, 17), jnp.int32))
+    tiny(jnp.zeros((1, 17), jnp.int32))
   with pytest.raises(ValueError, match="`tokens` must have rank 2"):
-    model(jnp.zeros((17,), jnp.int32))
+    tiny(jnp.zeros((17,), jnp.int32))
 
 
 @pytest.mark.parametrize(
@@ -97,6 +102,11 @@ def test_bad_config_raises(kw, match):
 MIXERS = {"softmax": SoftmaxConfig, "assoc": lambda **kw: AssocConfig(rule="delta", key_norm=True, **kw)}
 
 
+@nnx.jit
+def _conv_and_kernel_grad(conv, x, c):
+  return conv(x), nnx.grad(lambda m: (m(x) * c).sum())(conv)
+
+
 def test_short_conv_matches_a_numpy_loop_values_and_gradients():
   from jaxmem.models.mixers import ShortConv
   conv = ShortConv(3, 5, rngs=nnx.Rngs(0))
@@ -108,11 +118,10 @@ def test_short_conv_matches_a_numpy_loop_values_and_gradients():
     for j in range(3):
       if t - j >= 0:
         ref[:, t] += w[j] * x[:, t - j]
-  np.testing.assert_allclose(conv(jnp.asarray(x, jnp.float32)), ref, rtol=1e-5, atol=1e-5)
   # d sum(y * c) / dw_j = Σ_t c_t ⊙ x_{t−j}
   c = np.asarray(jax.random.normal(jax.random.key(2), (2, 7, 5)), np.float64)
-  graphdef, state = nnx.split(conv)
-  g = jax.grad(lambda st: (nnx.merge(graphdef, st)(jnp.asarray(x, jnp.float32)) * c).sum())(state)
+  y, g = _conv_and_kernel_grad(conv, jnp.asarray(x, jnp.float32), jnp.asarray(c, jnp.float32))
+  np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
   ref_g = np.stack([(c[:, j:] * x[:, :7 - j]).sum(axis=(0, 1)) for j in range(3)])
   np.testing.assert_allclose(g["kernel"][...], ref_g, rtol=1e-4, atol=1e-4)
 
@@ -120,23 +129,17 @@ def test_short_conv_matches_a_numpy_loop_values_and_gradients():
 @pytest.mark.parametrize("memory", ["softmax", "assoc"])
 def test_short_conv_starts_as_the_identity(memory):
   """A fresh short conv (w_0 = 1) leaves the model equal to the same weights without it."""
-  plain, conv = make(mixer=MIXERS[memory]()), make(mixer=MIXERS[memory](short_conv=4))
-  tokens = jax.random.randint(jax.random.key(4), (2, 11), 0, 256)
-  np.testing.assert_allclose(plain(tokens), conv(tokens), rtol=1e-6, atol=1e-6)
+  plain, conv = make(mixer=MIXERS[memory]()), make(mixer=MIXERS[memory](short_conv=3))
+  np.testing.assert_allclose(forward(plain, TOKENS), forward(conv, TOKENS), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("memory", ["softmax", "assoc"])
 def test_short_conv_model_is_causal_by_gradient(memory):
   model = make(mixer=MIXERS[memory](short_conv=3))
   # random taps so every tap carries gradient
-  for blk_kernel in [model.blocks.attn.conv.kernel]:
-    blk_kernel[...] = jax.random.normal(jax.random.key(5), blk_kernel[...].shape)
-  x = model.embed_tokens(jax.random.randint(jax.random.key(1), (2, 11), 0, 256))
-  graphdef, state = nnx.split(model)
-  for t in (0, 6):
-    g = jax.grad(lambda x: nnx.merge(graphdef, state, copy=True).logits_from_embeddings(x)[:, t].sum())(x)
-    per_pos = np.abs(np.asarray(g)).sum(axis=(0, 2))
-    assert np.all(per_pos[t + 1:] == 0.0) and np.all(per_pos[: t + 1] > 0.0), per_pos
+  kernel = model.blocks.attn.conv.kernel
+  kernel[...] = jax.random.normal(jax.random.key(5), kernel[...].shape)
+  assert_causal(logit_jacobian(model, TOKENS, W_V), f"short conv {memory}")
 
 
 def test_short_conv_must_be_non_negative():

@@ -1,5 +1,10 @@
 """The paper's exact building blocks (transpose, matmul, softmax, ReLU, MaxMin, det3, inv3) as AHAT
-programs, against jnp on odd shapes."""
+programs, against jnp on odd shapes.
+
+Each shape is a separate program (and XLA compilation), so each construction runs on a few
+canonical awkward shapes: a wide matrix (3×5), a tall one (5×2), a single row (1×6, shared with
+the vector form), a single entry (1×1, transpose), a square one (transpose, the ties); for the
+product the generic chain 3×5·5×2, a dot product (1×4·4×1) and an outer product (2×1·1×6)."""
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +14,8 @@ import pytest
 from jaxmem.simulator import constructions as C
 
 SHAPES = [(3, 5), (5, 2), (1, 1)]
+ROW_SHAPES = [(3, 5), (5, 2), (1, 6)]   # row-wise programs; (1, 6) is also the vector tests' program
+_softmax = jax.jit(lambda a: jax.nn.softmax(a, axis=-1))   # the reference: one compilation per shape
 
 
 def rand(shape, seed=0, scale=1.0):
@@ -22,11 +29,11 @@ def kinds(prog):
 @pytest.mark.parametrize("shape", SHAPES + [(3, 3)])
 def test_transpose(shape):
   A = rand(shape)
-  np.testing.assert_array_equal(C.transpose(A), jnp.transpose(A))  # a copy: bit-exact
+  np.testing.assert_array_equal(C.transpose(A), A.T)  # a copy: bit-exact
   assert kinds(C.transpose_program(*shape)) == [("ahat", 1)]
 
 
-@pytest.mark.parametrize("r,m,c", [(3, 5, 2), (5, 2, 3), (1, 4, 1), (2, 1, 6)])
+@pytest.mark.parametrize("r,m,c", [(3, 5, 2), (1, 4, 1), (2, 1, 6)])
 def test_matmul(r, m, c):
   A, B = rand((r, m), 1), rand((m, c), 2)
   ref = jnp.matmul(A, B, precision="highest")
@@ -40,11 +47,11 @@ def test_matmul_integers_exact():
   np.testing.assert_array_equal(C.matmul(A, B), A @ B)
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", ROW_SHAPES)
 @pytest.mark.parametrize("scale", [1.0, 100.0])
 def test_softmax(shape, scale):
   A = rand(shape, 3, scale)
-  ref = jax.nn.softmax(A, axis=-1)
+  ref = _softmax(A)
   got = C.softmax(A)
   assert np.all(np.isfinite(np.asarray(got)))
   np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-7)
@@ -55,11 +62,11 @@ def test_softmax(shape, scale):
 
 
 def test_softmax_vector():
-  a = rand(6, 4)
-  np.testing.assert_allclose(C.softmax(a), jax.nn.softmax(a), rtol=1e-5, atol=1e-7)
+  a = rand(6, 4)   # the (1, 6) program
+  np.testing.assert_allclose(C.softmax(a), _softmax(a), rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", ROW_SHAPES)
 def test_maxmin(shape):
   A = rand(shape, 5)
   mx, mn = C.maxmin(A)
@@ -77,14 +84,14 @@ def test_maxmin_ties_and_rows_at_the_global_extremes():
   mx, mn = C.maxmin(A)
   np.testing.assert_array_equal(mx, [3, -5, -5, 9])
   np.testing.assert_array_equal(mn, [-2, -5, -9, 9])
-  v_max, v_min = C.maxmin(np.array([0.5, -1.5, 2.25], np.float32))
+  v_max, v_min = C.maxmin(np.array([0.5, -1.5, 2.25, 0.0, 2.0, -1.25], np.float32))  # the (1, 6) program
   assert float(v_max) == 2.25 and float(v_min) == -1.5
 
 
 @pytest.mark.parametrize("shape", [(3, 5), (2, 3, 4)])
 def test_relu(shape):
   A = rand(shape, 6)
-  np.testing.assert_array_equal(C.relu(A), jax.nn.relu(A))
+  np.testing.assert_array_equal(C.relu(A), np.maximum(A, 0))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

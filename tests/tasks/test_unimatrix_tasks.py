@@ -1,4 +1,9 @@
-"""UniMatrix recall and three-token generators, checked by the test's own plain-Python reading."""
+"""UniMatrix recall and three-token generators, checked by the test's own plain-Python reading.
+
+Every distinct (batch_size, num_pairs / num_tags, seq_len, ...) is a compilation: the recall tests share
+four configurations (the paper's (4, 128) with a batch large enough for the uniformity statistics), the
+three-token tests four; streams and determinism checks reuse them.
+"""
 
 import collections
 
@@ -46,11 +51,16 @@ def check_last_position_only(targets, mask, answer):
   assert targets[-1] == answer and not targets[:-1].any()
 
 
-@pytest.mark.parametrize("num_pairs,seq_len", [(4, 128), (1, 7), (8, 28), (6, 40)])
+# (num_pairs, seq_len) -> batch size; the paper's (4, 128) also carries the uniformity statistics.
+RECALL_CONFIGS = {(4, 128): 2000, (1, 7): 64, (8, 28): 64, (6, 40): 64}
+
+
+@pytest.mark.parametrize("num_pairs,seq_len", list(RECALL_CONFIGS))
 def test_recall_layout_and_answer_in_plain_python(num_pairs, seq_len):
-  b = recall_batch(jax.random.key(num_pairs), batch_size=64, num_pairs=num_pairs, seq_len=seq_len)
+  B = RECALL_CONFIGS[num_pairs, seq_len]
+  b = recall_batch(jax.random.key(num_pairs), batch_size=B, num_pairs=num_pairs, seq_len=seq_len)
   inputs, targets, mask = (np.asarray(x) for x in b)
-  assert inputs.shape == targets.shape == mask.shape == (64, seq_len)
+  assert inputs.shape == targets.shape == mask.shape == (B, seq_len)
   assert inputs.dtype == targets.dtype == np.int32 and mask.dtype == np.float32
   assert inputs.max() < RECALL_VOCAB
   for x, y, m in zip(inputs, targets, mask, strict=True):
@@ -60,7 +70,7 @@ def test_recall_layout_and_answer_in_plain_python(num_pairs, seq_len):
 
 
 def test_recall_queries_values_and_filler_are_uniform():
-  b = recall_batch(jax.random.key(7), batch_size=2000, num_pairs=4, seq_len=32)
+  b = recall_batch(jax.random.key(7), batch_size=2000, num_pairs=4, seq_len=128)  # compiled above
   inputs, targets = np.asarray(b.inputs), np.asarray(b.targets)
   slot = [next(j for j in range(4) if x[1 + 3 * j] == x[-2]) for x in inputs]  # which pair is asked
   freq = np.bincount(slot, minlength=4) / 2000
@@ -70,12 +80,17 @@ def test_recall_queries_values_and_filler_are_uniform():
   assert set(np.unique(inputs[:, 1::3][:, :4])) == set(R_KEYS)
   assert set(np.unique(inputs[:, 2::3][:, :4])) == set(R_VALUES)
   assert set(np.unique(inputs[:, 13:-3])) == set(R_FILLER)
+  # a key's value is drawn independently of the key: every (key, value) pair occurs about equally often
+  # (8000 pairs over 64 combinations, about 125 each)
+  pair_counts = np.zeros((8, 8), int)
+  np.add.at(pair_counts, (inputs[:, 1:13:3].reshape(-1) - 5, inputs[:, 2:13:3].reshape(-1) - 13), 1)
+  assert pair_counts.min() > 125 * 0.5 and pair_counts.max() < 125 * 1.5
 
 
 def test_recall_is_deterministic_and_key_dependent():
-  a = recall_batch(jax.random.key(3), batch_size=64)  # the shapes of a test above: no new compile
-  b = recall_batch(jax.random.key(3), batch_size=64)
-  c = recall_batch(jax.random.key(4), batch_size=64)
+  a = recall_batch(jax.random.key(3), batch_size=2000)  # the shapes of a test above: no new compile
+  b = recall_batch(jax.random.key(3), batch_size=2000)
+  c = recall_batch(jax.random.key(4), batch_size=2000)
   for x, y in zip(a, b, strict=True):
     np.testing.assert_array_equal(x, y)
   assert not np.array_equal(a.inputs, c.inputs)

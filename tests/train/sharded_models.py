@@ -1,6 +1,8 @@
-"""The three models of the sharding tests and a runner: ``python -m tests.train.sharded_models OUT.npz``
-trains each for 3 steps on a ``(data=2, model=4)`` mesh (run it with 8 fake CPU devices) and saves the
-parameters, their per-device shard shapes and the layout tables."""
+"""The three models of the sharding tests and a runner: ``python -m tests.train.sharded_models OUT.npz
+WORKROOT`` (run it with 8 fake CPU devices) trains each for 3 steps on a ``(data=2, model=4)`` mesh and
+saves the parameters, their per-device shard shapes, the layout tables and the collectives of the sharded
+gradient; then trains the tiny byte LM (``tests.conftest.tiny_lm_config``) data-parallel over all 8 devices,
+saves its parameters and validation bpb, and records the error a batch the 8 devices do not divide raises."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from flax import nnx
 from jaxmem.data import RandomWindows
 from jaxmem.models import TransformerConfig, TransformerLM, UniMatrixConfig, UniMatrixLM
 from jaxmem.models.mixers import AssocConfig
-from jaxmem.train import TrainConfig, TrainTask, lm_loss, train
+from jaxmem.train import TrainConfig, TrainTask, lm_loss, train, train_lm
 
 VOCAB, T, BATCH = 32, 12, 8
 
@@ -33,6 +35,7 @@ def make_model(name: str, rngs: nnx.Rngs, dtype: str = "float32") -> nnx.Module:
 
 
 MODELS = ("baseline", "assoc", "unimatrix")
+LM_STEPS = ("--config.train.n_steps=4",)   # the byte LM's run, data-parallel over 8 devices vs 1
 
 
 def run(name: str, workdir: str, *, model_axis: int, devices=None, steps: int = 3, dtype: str = "float32"):
@@ -82,6 +85,15 @@ def main(out: str, workroot: str) -> None:
       key = f"{name}:{sharding.path_str(path)}"
       arrays[key] = np.asarray(x)
       meta[name]["shards"][sharding.path_str(path)] = list(x.addressable_shards[0].data.shape)
+  from tests.conftest import tiny_lm_config
+  lm = train_lm(tiny_lm_config(*LM_STEPS), f"{workroot}/lm", progress=False)
+  for i, x in enumerate(jax.tree.leaves(nnx.state(lm.model, nnx.Param))):
+    arrays[f"lm:{i}"] = np.asarray(x)
+  meta["lm"] = {"val_bpb": lm.final_metrics["val_bpb"]}
+  try:
+    train_lm(tiny_lm_config("--config.data.batch_size=12"), f"{workroot}/lm_bad", progress=False)
+  except ValueError as e:
+    meta["lm"]["divisibility_error"] = str(e)
   np.savez(out, **arrays)
   with open(out + ".json", "w") as f:
     json.dump(meta, f)

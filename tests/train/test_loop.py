@@ -186,10 +186,65 @@ def test_weight_decay_applies_to_kernels_and_embeddings_only():
   from jaxmem.models import TransformerConfig, TransformerLM
   from jaxmem.sharding import path_str
   from jaxmem.train.loop import _decay_mask
-  model = TransformerLM(TransformerConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=8, max_len=4),
-                        rngs=nnx.Rngs(0))
+  # built abstractly (only the state's paths matter): nothing is compiled
+  cfg = TransformerConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=8, max_len=4)
+  model = nnx.eval_shape(lambda: TransformerLM(cfg, rngs=nnx.Rngs(0)))
   params = nnx.state(model, nnx.Param)
   mask = jax.tree_util.tree_leaves_with_path(_decay_mask(params))
   decayed = sorted(path_str(p) for p, m in mask if m)
   assert decayed == ["blocks/attn/out/kernel", "blocks/attn/qkv/kernel", "blocks/ffn/down/kernel",
                      "blocks/ffn/up/kernel", "embed/embedding"]
+
+
+_TRACES = []
+
+
+def _counting_mse(model, batch):
+  _TRACES.append(1)   # runs once per trace of the train step, never per step
+  return _mse(model, batch)
+
+
+class _CompileCounter:
+  """Counts XLA compilations while active: backend compiles, and programs read back from the persistent
+  compilation cache (tests/conftest.py turns it on; a hit skips the backend compile)."""
+
+  COMPILED = "/jax/core/compile/backend_compile_duration"
+  CACHE_HIT = "/jax/compilation_cache/cache_hits"
+
+  def __enter__(self):
+    self.n = 0
+    jax.monitoring.register_event_duration_secs_listener(self._compiled)
+    jax.monitoring.register_event_listener(self._hit)
+    return self
+
+  def _compiled(self, event, duration, **_):
+    self.n += event == self.COMPILED
+
+  def _hit(self, event, **_):
+    self.n += event == self.CACHE_HIT
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._compiled)
+    jax.monitoring.unregister_event_listener(self._hit)
+
+
+def test_a_second_identical_run_compiles_nothing(tmp_path):
+  """train() keeps its jitted step per (model structure, loss, optimizer config, layout): another seed, a
+  resumed run and a rerun of the same config trace and compile nothing (jit caches per function object, so a
+  closure built per call would compile every run anew)."""
+  import dataclasses
+  cfg = TrainConfig(n_steps=4, lr=0.05, warmup_steps=0, ckpt_every=2, log_every=1)
+  task = lambda: TrainTask(init_model=_Regression, loss_fn=_counting_mse, train_iter=_Batches(-1))
+  _TRACES.clear()
+  first = train(task(), cfg, tmp_path / "a", progress=False)
+  assert len(_TRACES) == 1
+  with _CompileCounter() as compiles:
+    other_seed = train(task(), dataclasses.replace(cfg, seed=1), tmp_path / "b", progress=False)
+    train(task(), cfg, tmp_path / "c", stop_after=2, progress=False)
+    resumed = train(task(), cfg, tmp_path / "c", progress=False)
+  assert len(_TRACES) == 1 and compiles.n == 0, (len(_TRACES), compiles.n)
+  assert resumed.resumed_from == 2
+  assert not np.array_equal(params_of(first.model)[0], params_of(other_seed.model)[0])   # a real other run
+  # another optimizer config is another program
+  train(task(), dataclasses.replace(cfg, lr=0.01), tmp_path / "d", progress=False)
+  assert len(_TRACES) == 2

@@ -14,8 +14,8 @@ from jax.extend.core import jaxprs_in_params
 from jax.sharding import PartitionSpec as P
 
 from jaxmem import sharding
-from jaxmem.train import TrainConfig, lm_loss
-from tests.conftest import REPO, subprocess_env
+from jaxmem.train import TrainConfig, lm_loss, train_lm
+from tests.conftest import REPO, subprocess_env, tiny_lm_config
 from tests.train import sharded_models
 
 
@@ -97,7 +97,7 @@ def test_bfloat16_transformer_computes_in_bf16_and_keeps_float32_state(tmp_path)
   state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
   zeros = jnp.zeros((2, sharded_models.T), jnp.int32)
   batch = {"inputs": zeros, "targets": zeros}
-  jaxpr = jax.make_jaxpr(make_train_step(g, rest, lm_loss, tx))(state, batch)
+  jaxpr = jax.make_jaxpr(make_train_step(g, lm_loss, tx))(state, batch, rest)
   dots = []
 
   def walk(jp):
@@ -111,7 +111,7 @@ def test_bfloat16_transformer_computes_in_bf16_and_keeps_float32_state(tmp_path)
   # forward and backward of q/k/v, out, FFN up/down and the tied read-out; the attention kernel keeps its
   # softmax and P·V in float32 (jaxmem.kernels.attention)
   assert len(dots) >= 10 and all(d == ("bfloat16", "bfloat16") for d in dots), sorted(set(dots))
-  out_state = jax.eval_shape(make_train_step(g, rest, lm_loss, tx), state, batch)[0]
+  out_state = jax.eval_shape(make_train_step(g, lm_loss, tx), state, batch, rest)[0]
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(out_state["params"]))
   assert all(x.dtype in (jnp.float32, jnp.int32) for x in jax.tree.leaves(out_state["opt_state"]))
   res32 = sharded_models.run("baseline", tmp_path / "f32", model_axis=1, steps=4)
@@ -125,7 +125,9 @@ def test_bfloat16_transformer_computes_in_bf16_and_keeps_float32_state(tmp_path)
 
 
 @pytest.mark.slow
-def test_data2_model4_mesh_of_8_devices_equals_one_device(tmp_path):
+def test_8_devices_equal_one_device_data2_model4_and_data8(synthetic_data_dir, tmp_path):
+  """One subprocess with 8 fake CPU devices: the three models on a (data=2, model=4) mesh, and the byte LM
+  (train_lm: training and the sharded validation pass) data-parallel over all 8, each equal to 1 device."""
   out = str(tmp_path / "sharded.npz")
   env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, "-m", "tests.train.sharded_models", out, str(tmp_path / "w8")], cwd=REPO,
@@ -155,3 +157,11 @@ def test_data2_model4_mesh_of_8_devices_equals_one_device(tmp_path):
   assert col["unimatrix"]["all-gather"] <= col["baseline"]["all-gather"], col
   assert all(c["all-to-all"] == 0 for c in col.values()), col
   print("\ncollectives per sharded gradient:", col)
+  # data-parallel over 8: the same parameters and validation bpb as one device; a batch of 12 is refused
+  single = train_lm(tiny_lm_config(*sharded_models.LM_STEPS), tmp_path / "lm1", progress=False)
+  leaves = jax.tree.leaves(nnx.state(single.model, nnx.Param))
+  assert len(leaves) == sum(k.startswith("lm:") for k in sharded.files)
+  for i, a in enumerate(leaves):
+    np.testing.assert_allclose(sharded[f"lm:{i}"], a, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(meta["lm"]["val_bpb"], single.final_metrics["val_bpb"], rtol=1e-5)
+  assert "batch size 12" in meta["lm"]["divisibility_error"] and "8 devices" in meta["lm"]["divisibility_error"]

@@ -43,6 +43,13 @@ class MQARSettings:
   batch_size: int
   lr: float
   eval_batches: int      # held-out batches of 64 sequences
+  models: tuple = MODELS  # a subset of MODELS, in MODELS' order
+
+  def __post_init__(self):
+    unknown = sorted(set(self.models) - set(MODELS))
+    if unknown:
+      raise ValueError(f"unknown MQAR models {unknown}; valid: {list(MODELS)}.")
+    object.__setattr__(self, "models", tuple(n for n in MODELS if n in self.models))
 
 
 def model_config(name: str, width: int, s: MQARSettings) -> TransformerConfig:
@@ -66,7 +73,7 @@ def run(ctx: RunContext, s: MQARSettings) -> ExperimentResult:
   cfg = recall_train_config(s.n_steps, s.lr)
   results = {}
   for width in s.widths:
-    for name in MODELS:
+    for name in s.models:
       t0 = time.perf_counter()
       mcfg = model_config(name, width, s)
       model = train_recall(mcfg, stream(s, 0, s.batch_size), cfg, ctx.outdir / f"{name}_d{width}", ctx.progress)
@@ -74,15 +81,17 @@ def run(ctx: RunContext, s: MQARSettings) -> ExperimentResult:
                                 "state_floats": state_floats(mcfg, s.seq_len),
                                 "seconds": time.perf_counter() - t0}
   rows = [[name] + [f"{results[(name, w)]['accuracy']:.3f} ({results[(name, w)]['state_floats']:,})"
-                    for w in s.widths] for name in MODELS]
+                    for w in s.widths] for name in s.models]
   (ctx.outdir / "results.json").write_text(json.dumps({f"{n}/d{w}": r for (n, w), r in results.items()},
                                                       indent=2))
   figure = _plot(ctx, results, s)
   widest = s.widths[-1]
-  best = max(MODELS[1:], key=lambda n: results[(n, widest)]["accuracy"])
+  rules = [n for n in s.models if n != "softmax"]
+  best = max(rules, key=lambda n: results[(n, widest)]["accuracy"]) if rules else None
+  summary = [f"softmax {results[('softmax', widest)]['accuracy']:.3f}"] if "softmax" in s.models else []
+  summary += [f"best rule {best} {results[(best, widest)]['accuracy']:.3f}"] if best else []
   return ExperimentResult(
-      summary=(f"width {widest}: softmax {results[('softmax', widest)]['accuracy']:.3f}, "
-               f"best rule {best} {results[(best, widest)]['accuracy']:.3f}"),
+      summary=f"width {widest}: " + ", ".join(summary),
       tables=[Table(f"MQAR accuracy (state floats) — vocab {s.vocab_size}, T={s.seq_len}, "
                     f"{s.num_kv_pairs} pairs, {s.n_steps} steps",
                     ["model"] + [f"d_model={w}" for w in s.widths], rows)],
@@ -104,7 +113,7 @@ def run(ctx: RunContext, s: MQARSettings) -> ExperimentResult:
 def _plot(ctx: RunContext, results: dict, s: MQARSettings) -> str:
   plt = pyplot()
   fig, ax = plt.subplots(figsize=(5.5, 3.6))
-  for name in MODELS:
+  for name in s.models:
     pts = sorted((results[(name, w)]["state_floats"], results[(name, w)]["accuracy"]) for w in s.widths)
     ax.plot(*zip(*pts, strict=True), "o-", label=name)
   ax.set_xscale("log")

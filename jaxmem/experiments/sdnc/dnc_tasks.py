@@ -37,9 +37,10 @@ from jaxmem.models import (
 )
 from jaxmem.results import pyplot
 from jaxmem.tasks import algorithmic as tasks
-from jaxmem.train import TrainConfig, TrainTask, read_metrics, sequence_loss, train
+from jaxmem.train import TrainConfig, TrainTask, apply_model, read_metrics, sequence_loss, train
 
 TASKS = ("copy", "repeat_copy", "associative_recall")
+MODELS = ("dnc", "transformer", "+write_gate", "+erase", "+link_reads", "+all_three")
 EVAL_BATCH = 32
 
 
@@ -72,13 +73,20 @@ class DNCTasksSettings:
   lr: float
   log_every: int
   eval_batches: tuple   # (in range, per longer length), batches of EVAL_BATCH
+  models: tuple = MODELS       # names from MODELS, run in this order (the sDNC row re-runs "transformer")
+  longer: tuple = (2, 3, 4)    # the longer lengths scored, as multiples k of L (the table's kL columns)
 
   def __post_init__(self):
-    object.__setattr__(self, "tasks", tuple(self.tasks))
-    object.__setattr__(self, "eval_batches", tuple(self.eval_batches))
+    for name in ("tasks", "eval_batches", "models", "longer"):
+      object.__setattr__(self, name, tuple(getattr(self, name)))
     unknown = [t for t in self.tasks if t not in TASKS]
     if unknown or not self.tasks:
       raise ValueError(f"dnc_tasks: tasks must be a non-empty subset of {TASKS}, got {self.tasks!r}.")
+    unknown = [m for m in self.models if m not in MODELS]
+    if unknown or not self.models:
+      raise ValueError(f"dnc_tasks: models must be a non-empty subset of {MODELS}, got {self.models!r}.")
+    if not self.longer or any(not isinstance(k, int) or k < 2 for k in self.longer):
+      raise ValueError(f"dnc_tasks: longer must be a non-empty tuple of integers ≥ 2, got {self.longer!r}.")
     if len(self.eval_batches) != 2:
       raise ValueError(f"dnc_tasks: eval_batches must be (in range, per longer length), "
                        f"got {self.eval_batches!r}.")
@@ -133,7 +141,7 @@ def model_builders(s: DNCTasksSettings, max_test_len: int) -> dict:
         dataclasses.replace(base, input_dim=io[0], output_dim=io[1],
                             mixer=SDNCHybridConfig(**flags) if flags else SoftmaxConfig()), rngs=rngs)
   dnc_cfg = dataclasses.asdict(s.dnc)
-  return {
+  builders = {
       "dnc": lambda io, rngs: DNC(DNCConfig(input_dim=io[0], output_dim=io[1], **dnc_cfg), rngs=rngs),
       "transformer": transformer(),
       "+write_gate": transformer(write_gate=True),
@@ -141,22 +149,25 @@ def model_builders(s: DNCTasksSettings, max_test_len: int) -> dict:
       "+link_reads": transformer(link_reads=True),
       "+all_three": transformer(write_gate=True, erase=True, link_reads=True),
   }
+  return {name: builders[name] for name in s.models}
+
+
+def _logits(model, x: jax.Array) -> jax.Array:
+  return model(x)
+
+
+def _bit_errors(model, batch: dict) -> tuple:
+  """(wrong bits at masked steps, masked bits) of one batch."""
+  logits = model(batch["observations"])
+  wrong = ((logits > 0) != (batch["targets"] > 0.5)) * batch["mask"][..., None]
+  return wrong.sum(), batch["mask"].sum() * batch["targets"].shape[-1]
 
 
 def evaluate(model, spec: TaskSpec, size: int | None, n_batches: int, batch_size: int, seed: int) -> float:
   stream = spec.stream(seed, batch_size, size)
-  graphdef, state = nnx.split(model)
-
-  @jax.jit
-  def errs(state, batch):
-    m = nnx.merge(graphdef, state)
-    logits = m(batch["observations"])
-    wrong = ((logits > 0) != (batch["targets"] > 0.5)) * batch["mask"][..., None]
-    return wrong.sum(), batch["mask"].sum() * batch["targets"].shape[-1]
-
   wrong = total = 0.0
   for i in range(n_batches):
-    w, t = errs(state, stream.batch_at(i))
+    w, t = apply_model(_bit_errors, model, stream.batch_at(i))
     wrong, total = wrong + float(w), total + float(t)
   return wrong / max(total, 1.0)
 
@@ -172,7 +183,7 @@ def run(ctx: RunContext, s: DNCTasksSettings) -> ExperimentResult:
                     min_lr_ratio=0.1, weight_decay=0.0, grad_clip=10.0,
                     ckpt_every=max(1, n_steps // 5), keep_checkpoints=1, log_every=s.log_every)
   sizes = {name: spec.train_kwargs[spec.length_key[1]] for name, spec in specs.items()}
-  max_test = max(2 * (4 * size) + 20 for size in sizes.values())
+  max_test = max(2 * (max(s.longer) * size) + 20 for size in sizes.values())
   builders = model_builders(s, max_test_len=max_test)
   results, curves, notes = {}, {}, []
   for task_name, spec in specs.items():
@@ -185,7 +196,7 @@ def run(ctx: RunContext, s: DNCTasksSettings) -> ExperimentResult:
       res = train(task, cfg, workdir, progress=ctx.progress)
       n_in, n_out = s.eval_batches
       row = {"train": evaluate(res.model, spec, None, n_in, EVAL_BATCH, seed=10_000)}
-      for k in (2, 3, 4):
+      for k in s.longer:
         row[f"{k}L"] = evaluate(res.model, spec, k * L, n_out, EVAL_BATCH, seed=20_000 + k)
       row["seconds"] = time.perf_counter() - t0
       results[(task_name, model_name)] = row
@@ -195,30 +206,35 @@ def run(ctx: RunContext, s: DNCTasksSettings) -> ExperimentResult:
         sdnc = SDNCTransformer(res.model.cfg, rngs=nnx.Rngs(0))
         copy_params(res.model, sdnc)
         x = jnp.asarray(spec.stream(7, 8).batch_at(0)["observations"])
-        diff = float(jnp.max(jnp.abs(sdnc(x) - res.model(x))))
+        diff = float(jnp.max(jnp.abs(apply_model(_logits, sdnc, x) - apply_model(_logits, res.model, x))))
         notes.append(f"{task_name}: trained Transformer re-run as SDNCTransformer (write-once memory "
                      f"reads): max |Δ logits| = {diff:.2e}.")
         results[(task_name, "sDNC (same weights)")] = dict(row, seconds=float("nan"), max_abs_diff=diff)
 
+  longer = [f"{k}L" for k in s.longer]
   table_rows = []
   for (task_name, model_name), r in results.items():
-    table_rows.append([task_name, model_name] + [f"{100 * r[k]:.2f}%" for k in ("train", "2L", "3L", "4L")]
+    table_rows.append([task_name, model_name] + [f"{100 * r[k]:.2f}%" for k in ("train", *longer)]
                       + ["—" if np.isnan(r["seconds"]) else f"{r['seconds']:.0f}"])
   (ctx.outdir / "results.json").write_text(json.dumps(
       {f"{t}/{m}": {k: v for k, v in r.items()} for (t, m), r in results.items()}, indent=2))
   figure = _plot(ctx, curves, specs)
   first = next(iter(specs))   # copy, unless the settings leave it out
+  lead = s.models[0]          # the DNC, unless the settings leave it out
   return ExperimentResult(
-      summary=f"DNC {first} bit error {100 * results[(first, 'dnc')]['train']:.2f}% in range; "
-              "see table for 2L-4L",
+      summary=f"{_SHORT.get(lead, lead)} {first} bit error {100 * results[(first, lead)]['train']:.2f}% in "
+              f"range; see table for {longer[0]}-{longer[-1]}",
       tables=[Table("Bit error rate (lower is better); in-range and length generalisation",
-                    ["task", "model", "≤L (train range)", "2L", "3L", "4L", "train s"], table_rows)],
+                    ["task", "model", "≤L (train range)", *longer, "train s"], table_rows)],
       figures=[figure],
       notes=notes + [f"L: {sizes}; {n_steps} steps, batch {batch}, AdamW lr {cfg.lr}; evaluation on "
                      f"fresh seeds ({s.eval_batches[0]}×{EVAL_BATCH} in range, "
                      f"{s.eval_batches[1]}×{EVAL_BATCH} per longer length)."],
       metrics={f"{t}/{m}": r for (t, m), r in results.items()},
   )
+
+
+_SHORT = {"dnc": "DNC", "transformer": "Transformer"}
 
 
 def _plot(ctx: RunContext, curves: dict, specs: dict) -> str:

@@ -23,7 +23,7 @@ from jaxmem.models.unimatrix import (
 )
 from jaxmem.models.unimatrix.baselines import matched_transformer, paper_transformer_config
 from jaxmem.results import pyplot
-from jaxmem.train.loop import TrainTask, train
+from jaxmem.train.loop import TrainTask, apply_model, train
 from jaxmem.train.losses import recall_loss
 from jaxmem.train.recall import recall_train_config
 
@@ -84,12 +84,10 @@ def train_on_stream(init_model, stream, n_steps: int, lr: float, workdir: str | 
 def masked_accuracy(model: nnx.Module, stream, n_batches: int, group_key: str = "") -> dict:
   """Argmax accuracy at ``mask == 1`` over the first ``n_batches`` batches of ``stream``: ``{"all": a}``, and
   per value of ``batch[group_key]`` (one int per row, e.g. the three-token task) when given."""
-  graphdef, state = nnx.split(model)
-  predict = jax.jit(lambda st, x: nnx.merge(graphdef, st)(x).argmax(-1))
   hits, counts = {}, {}
   for i in range(n_batches):
     b = stream.batch_at(i)
-    pred = np.asarray(predict(state, b["inputs"]))
+    pred = np.asarray(apply_model(_predict, model, b["inputs"]))
     mask = np.asarray(b["mask"]) > 0
     ok = (pred == np.asarray(b["targets"])) & mask
     groups = np.asarray(b[group_key]) if group_key else np.zeros(ok.shape[0], int)
@@ -101,6 +99,10 @@ def masked_accuracy(model: nnx.Module, stream, n_batches: int, group_key: str = 
   if group_key:
     out.update({g: hits[g] / max(1, counts[g]) for g in sorted(hits)})
   return out
+
+
+def _predict(model: nnx.Module, x: jax.Array) -> jax.Array:
+  return model(x).argmax(-1)
 
 
 def run_tag(base: str, **fields) -> str:

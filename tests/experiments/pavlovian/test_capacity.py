@@ -2,7 +2,8 @@
 
 The physics checks compare numbers computed by the experiment code (no constants
 copied from a run): exact recall with orthogonal keys, Hebbian crosstalk
-0.5 (n − 1)/d_k with random unit keys, error-free ≤ average capacity.
+0.5 (n − 1)/d_k with random unit keys, error-free ≤ average capacity; the raw curves against a
+float64 numpy memory written pair by pair. One experiment run (a module fixture) feeds every test.
 """
 
 import jax
@@ -13,7 +14,18 @@ from jaxmem.experiments.pavlovian import capacity as exp
 from jaxmem.tasks.pairs import sample_pairs
 from tests.experiments.pavlovian.helpers import capture, first_failure_n, ls_slope, make_ctx, quick_settings
 
-TINY_CAP = quick_settings("assoc_capacity", d_ks=(8, 16, 32), trials=8, n_max_ratio=2, points_per_dk=16)
+# 16 trials: the crosstalk-vs-theory check below averages over them
+TINY_CAP = quick_settings("assoc_capacity", d_ks=(8, 16, 32), trials=16, n_max_ratio=2, points_per_dk=16)
+
+
+@pytest.fixture(scope="module")
+def cap_run(tmp_path_factory):
+  """One tiny run of the experiment: (its result, report dir, the raw curves it measured by (rule, d_k))."""
+  tmp_path = tmp_path_factory.mktemp("cap")
+  with pytest.MonkeyPatch.context() as mp:
+    raw = capture(mp, exp, "capacity_curves")
+    res = exp.run(make_ctx(tmp_path, "assoc_capacity"), TINY_CAP)
+  return res, tmp_path, {(a[0], a[1]): c for a, c in raw}
 
 
 def numpy_recall(rule: str, k, v, ns):
@@ -38,9 +50,8 @@ def numpy_recall(rule: str, k, v, ns):
   return err, max_err, acc
 
 
-def test_capacity_experiment_outputs(tmp_path, monkeypatch):
-  raw = capture(monkeypatch, exp, "capacity_curves")
-  res = exp.run(make_ctx(tmp_path, "assoc_capacity"), TINY_CAP)
+def test_capacity_experiment_outputs(cap_run):
+  res, tmp_path, curves = cap_run
   assert [len(t.rows) for t in res.tables] == [6, 3, len(exp.SCHLAG_POINTS)]
   assert res.figures == ["assoc_capacity/capacity.png"]
   assert (tmp_path / res.figures[0]).stat().st_size > 0
@@ -54,7 +65,6 @@ def test_capacity_experiment_outputs(tmp_path, monkeypatch):
 
   # independent of the experiment's summaries: n* and the log-log slopes recomputed from the raw per-trial
   # curves it measured, and the table's "error at n = d_k" column
-  curves = {(a[0], a[1]): c for a, c in raw}
   assert sorted(curves) == sorted((r, d) for r in TINY_CAP.rules for d in TINY_CAP.d_ks)
   crits = {"acc_avg": lambda c: c["acc"].mean(1) >= exp.ACC_THRESHOLD,
            "acc_worst": lambda c: c["all_ok"].all(1),
@@ -87,23 +97,22 @@ def test_capacity_experiment_outputs(tmp_path, monkeypatch):
     np.testing.assert_array_equal(c["all_ok"], acc == 1.0)
 
 
-def test_orthogonal_keys_recall_exactly_random_keys_crosstalk():
+def test_orthogonal_keys_recall_exactly_random_keys_crosstalk(cap_run):
   d_k = 16
-  cs = quick_settings("assoc_capacity", trials=4, points_per_dk=16)
-  onehot = exp.capacity_curves("delta", d_k, cs, keys="onehot")
+  onehot = exp.capacity_curves("delta", d_k, TINY_CAP, keys="onehot")
   small = onehot["n"] <= d_k // 4
   assert small.any()
   assert onehot["max_err"][small].max() < 1e-6
   assert onehot["acc"][small].min() == 1.0
-  hebb = exp.capacity_curves("hebb", d_k, cs)
+  hebb = cap_run[2][("hebb", d_k)]    # random unit keys, same width
   i = np.flatnonzero(hebb["n"] == d_k // 4)[0]
   assert hebb["err"][i].mean() > 1e-3  # crosstalk from non-orthogonal keys
 
 
-def test_hebb_crosstalk_matches_theory():
+def test_hebb_crosstalk_matches_theory(cap_run):
   """Random unit keys and values: E 0.5‖v_j − S k_j‖² = 0.5 (n − 1)/d_k."""
   d_k = 32
-  c = exp.capacity_curves("hebb", d_k, quick_settings("assoc_capacity", trials=16, points_per_dk=8))
+  c = cap_run[2][("hebb", d_k)]   # 16 trials
   for n in (d_k // 2, d_k, 2 * d_k):
     measured = c["err"][np.flatnonzero(c["n"] == n)[0]].mean()
     np.testing.assert_allclose(measured, 0.5 * (n - 1) / d_k, rtol=0.25)

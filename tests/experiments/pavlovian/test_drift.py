@@ -1,5 +1,5 @@
 """assoc_drift at tiny sizes: outputs exist and the drift orderings hold (Hebb's ‖S‖ unbounded vs
-Oja's bounded, delta re-learns after a switch), recomputed from the raw curves."""
+Oja's and decay's bounded, delta re-learns after a switch), recomputed from the raw curves."""
 
 import numpy as np
 
@@ -22,6 +22,10 @@ def test_drift_experiment_physics(tmp_path, monkeypatch):
   assert m["delta_err_before"] < 0.5 * m["delta_err_after"]  # re-learns after each switch
   assert m["hebb_norm_growth"] > exp.GROWTH_ALPHA > m["oja_norm_growth"]  # unbounded vs bounded
   assert m["expectations_held"] == 4
+  # decay (γ < 1) forgets geometrically: ‖S‖ bounded (‖S‖ ≤ β/(1 − γ) for unit pairs) and, unlike Hebb, it
+  # tracks the current map
+  assert m["decay_norm_growth"] < exp.GROWTH_ALPHA and m["decay_norm_end"] < m["hebb_norm_end"] / 3
+  assert m["decay_err_before_all"] < 0.1 * m["hebb_err_before_all"]
 
   # independent of drift_summary and the check code: the summaries and the four checks recomputed from the raw
   # per-trial curves (probe i is after step (i + 1)·record_every; the map switches after steps P·j)

@@ -15,11 +15,13 @@ from jaxmem.experiments.pavlovian import mqar as exp
 from jaxmem.models import AssocConfig, SoftmaxConfig
 from jaxmem.tasks.mqar import mqar_stream
 from jaxmem.train.recall import state_floats
+from tests.conftest import forward
 from tests.experiments.pavlovian.helpers import keep_trained_models
 
 # tiny settings, given on the command line as --config.mqar.<field>=<value>
+# (one KV-cache and one circuit model: the training / scoring code is shared by all six)
 TINY = dict(vocab_size=64, seq_len=16, num_kv_pairs=2, widths=(16,), n_layers=1, n_heads=2, short_conv=0,
-            n_steps=3, batch_size=4, lr=1e-3, eval_batches=1)
+            n_steps=3, batch_size=4, lr=1e-3, eval_batches=1, models=("softmax", "delta"))
 TINY_ARGS = [f"--config.mqar.{k}={v!r}" for k, v in TINY.items()]
 
 
@@ -40,6 +42,10 @@ def test_state_sizes():
 def test_tiny_overrides_reach_the_settings():
   s = REGISTRY["mqar"].load_config(True, [a[len("--config.mqar."):] for a in TINY_ARGS])
   assert s == exp.MQARSettings(**TINY)
+  assert quick_settings().models == exp.MODELS == REGISTRY["mqar"].load_config(False).models  # all six
+  assert exp.MQARSettings(**(TINY | {"models": ["delta", "softmax"]})).models == ("softmax", "delta")
+  with pytest.raises(ValueError, match="unknown MQAR models"):
+    exp.MQARSettings(**(TINY | {"models": ("delta", "lstm")}))
 
 
 def numpy_accuracy(model, stream, n_batches: int) -> float:
@@ -48,7 +54,7 @@ def numpy_accuracy(model, stream, n_batches: int) -> float:
   accs = []
   for i in range(n_batches):
     b = {k: np.asarray(v) for k, v in stream.batch_at(i).items()}
-    hit = (np.asarray(model(jnp.asarray(b["inputs"]))).argmax(-1) == b["targets"]) & (b["mask"] > 0)
+    hit = (np.asarray(forward(model, jnp.asarray(b["inputs"]))).argmax(-1) == b["targets"]) & (b["mask"] > 0)
     accs.append(hit.sum() / (b["mask"] > 0).sum())
   return float(np.mean(accs))
 
@@ -61,19 +67,21 @@ def test_mqar_experiment_tiny(tmp_path, monkeypatch):
   report = (out / "REPORT.md").read_text()
   assert "| mqar | ok |" in report
   for name in exp.MODELS:
-    assert f"| {name} |" in report
+    assert (f"| {name} |" in report) == (name in TINY["models"])
   assert (out / "mqar" / "accuracy_vs_state.png").exists()
-  acc = [float(r.split("|")[2].split()[0]) for r in report.splitlines() if r.startswith("| hebb |")]
+  acc = [float(r.split("|")[2].split()[0]) for r in report.splitlines() if r.startswith("| delta |")]
   assert len(acc) == 1 and 0.0 <= acc[0] <= 1.0 and np.isfinite(acc[0])
   # the accuracy (results.json, the table) recomputed from the trained weights on the held-out stream, and
   # every model's state size from the closed forms 2·L·T·d (KV cache) / L·H·(d/H)² (one S per head)
   results = json.loads((out / "mqar" / "results.json").read_text())
   held_out = mqar_stream(1_000_000, batch_size=64, vocab_size=64, seq_len=16, num_kv_pairs=2)
-  assert sorted(trained) == sorted(f"{n}_d16" for n in exp.MODELS)
-  for name in exp.MODELS:
+  assert sorted(trained) == sorted(f"{n}_d16" for n in TINY["models"]) and len(results) == 2
+  for name in TINY["models"]:
     r = results[f"{name}/d16"]
     assert r["state_floats"] == (2 * 16 * 16 if name == "softmax" else 2 * (16 // 2) ** 2)
-    if name in ("softmax", "delta"):   # one KV-cache and one circuit model: the accuracy code is shared
-      ours = numpy_accuracy(trained[f"{name}_d16"], held_out, TINY["eval_batches"])
-      assert abs(r["accuracy"] - ours) < 1e-6, (name, r["accuracy"], ours)
+    ours = numpy_accuracy(trained[f"{name}_d16"], held_out, TINY["eval_batches"])
+    assert abs(r["accuracy"] - ours) < 1e-6, (name, r["accuracy"], ours)
     assert f"| {name} | {r['accuracy']:.3f} ({r['state_floats']:,}) |" in report
+  summary = f"width 16: softmax {results['softmax/d16']['accuracy']:.3f}, best rule delta " \
+            f"{results['delta/d16']['accuracy']:.3f}"
+  assert f"| mqar | ok | {summary} |" in report

@@ -1,13 +1,18 @@
-"""rasp_compile at tiny sizes: every row exact, the tracr table filled, the figure written;
-its config file and settings; the max_params refusal reported, not raised."""
+"""rasp_compile end to end at the smallest size that runs every branch (compiled rows, the
+tracr comparison, a program skipped for its length, the figure): the report is written
+through ``jaxmem.experiments.report.reproduce`` and its sizes and input counts are the ones
+recomputed here (``rasp.compile`` and ``conformance.inputs_for``, no forward pass); every row
+exact. Its config file and settings; the max_params refusal reported, not raised."""
 
 import dataclasses
 
 import pytest
 
-from jaxmem import config_files
+from jaxmem import config_files, rasp
 from jaxmem.experiments import REGISTRY, RunContext
+from jaxmem.experiments.report import reproduce
 from jaxmem.experiments.simulator import rasp_compile as exp
+from jaxmem.rasp import conformance, lib
 
 
 def _ctx(tmp_path):
@@ -15,19 +20,45 @@ def _ctx(tmp_path):
   return RunContext(quick=True, outdir=tmp_path / "rasp_compile", report_dir=tmp_path, progress=False)
 
 
-def test_rasp_compile_tiny(tmp_path):
-  s = dataclasses.replace(REGISTRY["rasp_compile"].load_config(True),
-                          programs=("length", "reverse", "frac_prevs", "transpose"),
-                          max_seq_lens=(5, 8), exhaustive_len=3, n_random=30)
-  res = exp.run(_ctx(tmp_path), s)
-  assert res.metrics["wrong"] == 0 and res.metrics["inputs"] > 100
-  assert res.figures == ["rasp_compile/rasp_compile.png"]
-  assert (tmp_path / res.figures[0]).stat().st_size > 0
-  sizes, vs_tracr, skipped = res.tables
-  assert len(sizes.rows) == 7            # transpose accepts no length <= 5
-  assert [r[0] for r in vs_tracr.rows] == ["length", "reverse", "frac_prevs"]
-  assert all(r[5] == "yes" and r[6] == "yes" for r in vs_tracr.rows)
-  assert skipped.rows == [["transpose", 5, "accepts no length <= 5"]]
+def test_rasp_compile_tiny_report_holds_the_recomputed_numbers(tmp_path):
+  # frac_prevs (numerical, has tracr sizes) at N = 5 and 6; transpose (length 6 only) compiled at 6,
+  # skipped at 5
+  s = dataclasses.replace(REGISTRY["rasp_compile"].load_config(True), programs=("frac_prevs", "transpose"),
+                          max_seq_lens=(5, 6), exhaustive_len=3, n_random=30)
+  out = tmp_path / "r"
+  status = reproduce(out, quick=True, only=["rasp_compile"], progress=False, echo=lambda *a: None,
+                     configs={"rasp_compile": s})
+  assert status["rasp_compile"]["status"] == "ok", status
+  report = (out / "REPORT.md").read_text()
+  assert "| rasp_compile | ok |" in report
+  assert "![rasp_compile](rasp_compile/rasp_compile.png)" in report
+  assert (out / "rasp_compile" / "rasp_compile.png").stat().st_size > 0
+  metrics = status["rasp_compile"]["metrics"]
+  rows = {(r["name"], r["max_seq_len"]): r for r in metrics["rows"]}
+  assert sorted(rows) == [("frac_prevs", 5), ("frac_prevs", 6), ("transpose", 5), ("transpose", 6)]
+  assert rows["transpose", 5]["skipped"] == "accepts no length <= 5"
+  assert "| transpose | 5 | accepts no length <= 5 |" in report
+
+  total = 0
+  for name, N in (("frac_prevs", 5), ("frac_prevs", 6), ("transpose", 6)):
+    spec, r = lib.PROGRAMS[name], rows[name, N]
+    vocab = sorted(spec.vocab, key=repr)
+    model = rasp.compile(spec.build(N), vocab, N)   # sizes only
+    inputs = conformance.inputs_for(vocab, spec.lengths(N), exhaustive_len=3, n_random=30, seed=s.seed,
+                                    sample=spec.sample, accepts=lambda x, spec=spec, N=N: spec.accepts(x, N))
+    total += len(inputs)
+    assert (r["layers"], r["heads"], r["residual_width"], r["params"], r["inputs"]) == (
+        model.num_layers, model.num_heads, model.residual_width, model.num_params, len(inputs))
+    assert r["wrong"] == 0 and r["max_abs_err"] <= 1e-6
+    assert (f"| {name} | {N} | {model.num_layers} | {model.num_heads} | {model.residual_width} | "
+            f"{model.num_params:,} | {r['compile_s']:.2f} | {len(inputs)} | 0 | "
+            f"{r['max_abs_err']:.1e} |") in report
+  assert metrics["wrong"] == 0 and metrics["inputs"] == total
+
+  t = lib.PROGRAMS["frac_prevs"].tracr
+  r = rows["frac_prevs", 5]
+  assert (f"| frac_prevs | {t[0]} / {r['layers']} | {t[1]} / {r['heads']} | {t[2]} / {r['residual_width']} | "
+          f"{t[3]:,} / {r['params']:,} | yes | yes |") in report
 
 
 def test_max_params_is_reported_as_not_compiled(tmp_path):

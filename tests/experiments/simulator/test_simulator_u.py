@@ -1,25 +1,68 @@
-"""simulator_u at tiny sizes: within the bound, tables and figure written, config variants."""
+"""simulator_u end to end at the smallest size that runs every branch (attention, float64,
+encoder and saturating error tables, the size table, the constructions, the figure): the
+report is written through ``jaxmem.experiments.report.reproduce``, and its numbers are the
+ones recomputed here from the library (``error_table``, ``build_simulator``,
+``construction_errors``) with the same settings; config variants."""
 
 import dataclasses
 
 import pytest
 
 from jaxmem import config_files
-from jaxmem.experiments import REGISTRY, RunContext
+from jaxmem.experiments import REGISTRY
+from jaxmem.experiments.report import reproduce
 from jaxmem.experiments.simulator import simulator_u as exp
+from jaxmem.results import markdown_table
+from jaxmem.simulator import build_simulator, error_table
 
 
-def test_simulator_u_tiny(tmp_path):
-  (tmp_path / "simulator_u").mkdir()
-  ctx = RunContext(quick=True, outdir=tmp_path / "simulator_u", report_dir=tmp_path, progress=False)
-  s = dataclasses.replace(REGISTRY["simulator_u"].load_config(True), max_len=4, heads=(1, 2),
-                          n_values=(1, 3, 4), trials=2, d_model=3, head_dim=2, ffn_dim=3)
-  res = exp.run(ctx, s)
-  assert res.metrics["held"] and res.metrics["worst_rel_err"] <= exp.BOUND
-  errors, sizes, cons = res.tables
-  assert len(errors.rows) == 6 and len(sizes.rows) == 4 and len(cons.rows) == 9
-  assert all(float(r[2]) <= 1e-5 for r in cons.rows)
-  assert (tmp_path / res.figures[0]).stat().st_size > 0
+def tiny():
+  # one head count, two lengths below max_len (U's padded, empty-selection heads in use: at n = 2 of 3
+  # a head for a missing row that averaged the whole sequence would read it as present)
+  return dataclasses.replace(REGISTRY["simulator_u"].load_config(True), max_len=3, heads=(2,),
+                             n_values=(1, 2), trials=2, d_model=3, head_dim=2, ffn_dim=3)
+
+
+def test_simulator_u_tiny_report_holds_the_recomputed_numbers(tmp_path):
+  s = tiny()
+  out = tmp_path / "r"
+  status = reproduce(out, quick=True, only=["simulator_u"], progress=False, echo=lambda *a: None,
+                     configs={"simulator_u": s})
+  assert status["simulator_u"]["status"] == "ok", status
+  report = (out / "REPORT.md").read_text()
+  assert "| simulator_u | ok |" in report
+  assert "![simulator_u](simulator_u/simulator_u.png)" in report
+  assert (out / "simulator_u" / "simulator_u.png").stat().st_size > 0
+  metrics = status["simulator_u"]["metrics"]
+
+  # the error tables, recomputed (same seed: the same T, X through the same compiled U)
+  common = (s.max_len, s.d_model, s.heads, s.head_dim, s.n_values, s.trials, s.seed)
+  f32, f64 = error_table(*common), error_table(*common, reference="float64")
+  enc, sat = error_table(*common, ffn_dim=s.ffn_dim), error_table(*common, scale=s.saturating_scale)
+  rows = [[a.heads, a.n, f"{a.max_abs_err:.2e}", f"{a.max_abs_out:.3g}", f"{a.rel_err:.2e}",
+           f"{b.rel_err:.2e}", f"{e.rel_err:.2e}", f"{z.rel_err:.2e}"]
+          for a, b, e, z in zip(f32, f64, enc, sat, strict=True)]
+  assert len(rows) == len(s.heads) * len(s.n_values)
+  assert markdown_table(["heads", "n", "max abs err (f32 ref)", "max |T(X)|", "rel (f32 ref)", "rel (f64 ref)",
+                         "rel, encoder", "rel, saturating"], rows) in report
+  worst = max(r.rel_err for r in f32 + enc)
+  assert metrics["worst_rel_err"] == worst and worst <= exp.BOUND
+  assert all(r.rel_err <= exp.BOUND for r in f64 + sat)
+
+  # U's sizes, recomputed from the simulators (weights depend on the sizes only)
+  for H in s.heads:
+    for ffn, variant in ((None, "attention"), (s.ffn_dim, "encoder")):
+      sim = build_simulator(s.max_len, s.d_model, H, s.head_dim, ffn_dim=ffn)
+      n_att = sum(1 for layer in sim.layers if layer.kind == "ahat")
+      assert (f"| {H} | {variant} | {len(sim.layers)} | {n_att} | {sim.num_heads} | {sim.width} | "
+              f"{sim.num_params:,} | {sim.num_nonzero:,} |") in report
+
+  # the constructions, recomputed
+  cons = exp.construction_errors(s.seed)
+  assert len(cons) == 9 and metrics["constructions"] == {a: e for a, _, e in cons}
+  for a, b, e in cons:
+    assert e <= 1e-5 and f"| {a} | {b} | {e:.1e} |" in report
+  assert metrics["held"] is True
 
 
 def test_config_variants():

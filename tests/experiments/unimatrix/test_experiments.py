@@ -1,5 +1,9 @@
 """The UniMatrix experiments run end to end at tiny size, and what they report is recomputed here
-independently (numpy accuracy / bits per byte from the trained weights); their configs load."""
+independently (numpy accuracy / bits per byte from the trained weights, the report's table rows from the saved
+results); their configs load, and the model factory builds what the tables name.
+
+End to end means code paths, not learning: the fewest models that cover an experiment's paths (recall: one
+model-table row and one ablation row; three-token: one model; LM: one model under both recipes), two steps."""
 
 from __future__ import annotations
 
@@ -9,13 +13,16 @@ import math
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxmem import config_files
 from jaxmem.cli import main
 from jaxmem.experiments import load_all
 from jaxmem.experiments.unimatrix import common, lm, recall, three_token
+from jaxmem.models import count_params
 from jaxmem.models.unimatrix.baselines import matched_transformer
 from jaxmem.tasks import unimatrix as tt
+from tests.conftest import forward
 
 NAMES = {"unimatrix_recall": recall.RecallSettings, "unimatrix_three_token": three_token.ThreeTokenSettings,
          "unimatrix_lm": lm.LMSettings}
@@ -52,7 +59,7 @@ def numpy_last_position_accuracy(model, stream, n_batches, group=None):
   hits, total = {}, {}
   for i in range(n_batches):
     b = {k: np.asarray(v) for k, v in stream.batch_at(i).items()}
-    pred = np.asarray(model(jnp.asarray(b["inputs"])))[:, -1].argmax(-1)
+    pred = np.asarray(forward(model, jnp.asarray(b["inputs"])))[:, -1].argmax(-1)
     assert np.all(b["mask"][:, :-1] == 0) and np.all(b["mask"][:, -1] == 1)
     for row in range(len(pred)):
       g = group(b["inputs"][row]) if group else "all"
@@ -61,55 +68,89 @@ def numpy_last_position_accuracy(model, stream, n_batches, group=None):
   return {g: hits[g] / total[g] for g in hits}
 
 
+def test_recall_factory_options():
+  # the recall table's dropout row and the ablation's options reach the model (built abstractly, nothing runs)
+  build = lambda name, **kw: nnx.eval_shape(lambda: common.model_factory(name, vocab_size=64, max_len=24,
+                                                                         **kw)(nnx.Rngs(0)))
+  dropout = build("sparse_pointer_dropout")
+  assert dropout.cfg.variant == "sparse_pointer" and dropout.cfg.dropout == 0.1
+  label, options, _ = recall.ABLATION[3]
+  ablated = build("sparse_pointer", **options)
+  assert label == "32 slots, no pointer" and not ablated.cfg.pointer and ablated.cfg.n_slots == 32
+  assert ablated.cfg.dropout == 0.0 and build("core").cfg.variant == "core"
+
+
 @pytest.mark.slow
 def test_recall_experiment_tiny(tmp_path, monkeypatch):
+  # one model-table row and one ablation row (other pairs, other slot options): the experiment's two paths
   kept = keep_models(monkeypatch, recall)
   out = tmp_path / "r"
   R = "--config.unimatrix_recall."
-  args = [R + "models=('core','sparse_pointer_dropout')", R + "seq_len=24", R + "train_steps=3",
-          R + "batch_size=4", R + "eval_batches=1", R + "ablation_pairs=(3,)", R + "ablation_rows=(3,)"]
+  args = [R + "models=('core',)", R + "seq_len=24", R + "train_steps=2", R + "batch_size=4",
+          R + "eval_batches=1", R + "ablation_pairs=(3,)", R + "ablation_rows=(3,)"]
   assert main(["reproduce", "--quick", "--only", "unimatrix_recall", "--out", str(out), "--no_progress",
                *args]) == 0
   report = (out / "REPORT.md").read_text()
-  assert "| unimatrix_recall | ok |" in report and "32 slots, no pointer" in report
+  assert "| unimatrix_recall | ok |" in report
   results = json.loads((out / "unimatrix_recall" / "results.json").read_text())
-  # (the dropout model is scored in eval mode: the numpy recount of its returned model agrees exactly)
-  for name, tag in (("core", "core_p4"), ("sparse_pointer_dropout", "sparse_pointer_dropout_p4"),
-                    ("ablation/32 slots, no pointer/p3", "ablation3_p3")):
+  assert sorted(results) == ["ablation/32 slots, no pointer/p3", "core"]
+  # each accuracy recounted in numpy from the returned model (in eval mode) on the same held-out batch
+  for name, tag in (("core", "core_p4"), ("ablation/32 slots, no pointer/p3", "ablation3_p3")):
     pairs = 3 if "ablation" in name else 4
     held = tt.recall_stream(recall.EVAL_SEED, batch_size=recall.EVAL_BATCH, num_pairs=pairs, seq_len=24)
     ours = numpy_last_position_accuracy(kept[tag], held, 1)["all"]
     assert abs(results[name]["accuracy"] - ours) < 1e-9, (name, results[name]["accuracy"], ours)
   assert not kept["ablation3_p3"].cfg.pointer and kept["ablation3_p3"].cfg.n_slots == 32
-  assert kept["sparse_pointer_dropout_p4"].cfg.dropout == 0.1 and kept["ablation3_p3"].cfg.dropout == 0.0
-  core = results["core"]
-  assert f"| UniMatrix-Core | {core['params']:,} | {100 * core['accuracy']:.1f} |" in report
+  assert kept["core_p4"].cfg.variant == "core" and kept["ablation3_p3"].cfg.variant == "sparse_pointer"
+  # the tables, recomputed from the saved results
+  row = results["core"]
+  assert f"| UniMatrix-Core | {row['params']:,} | {100 * row['accuracy']:.1f} | 12.9–13.7 |" in report
+  abl = results["ablation/32 slots, no pointer/p3"]
+  assert f"| 32 slots, no pointer | {100 * abl['accuracy']:.1f} | 95.7 / 90.3 / 86.6 |" in report
 
 
 @pytest.mark.slow
 def test_three_token_experiment_tiny(tmp_path, monkeypatch):
+  # one model: the per-task scoring and the table are the experiment's path, whichever model it trains
   kept = keep_models(monkeypatch, three_token)
   out = tmp_path / "t"
-  args = ["--config.unimatrix_three_token.models=('typed_latent','core')",
-          "--config.unimatrix_three_token.train_steps=3", "--config.unimatrix_three_token.batch_size=4",
+  args = ["--config.unimatrix_three_token.models=('typed_latent',)",
+          "--config.unimatrix_three_token.train_steps=2", "--config.unimatrix_three_token.batch_size=4",
           "--config.unimatrix_three_token.eval_batches=1"]
   assert main(["reproduce", "--quick", "--only", "unimatrix_three_token", "--out", str(out), "--no_progress",
                *args]) == 0
+  report = (out / "REPORT.md").read_text()
   results = json.loads((out / "unimatrix_three_token" / "results.json").read_text())
   held = tt.three_token_stream(three_token.EVAL_SEED, batch_size=three_token.EVAL_BATCH, seq_len=49, num_tags=4)
-  for name in ("typed_latent", "core"):
-    ours = numpy_last_position_accuracy(kept[name], held, 1, group=lambda x: tt.decode_three_token(x).task)
-    for task in tt.THREE_TOKEN_TASKS:
-      if task in ours:
-        assert abs(results[name][task] - ours[task]) < 1e-9, (name, task)
+  r = results["typed_latent"]
+  ours = numpy_last_position_accuracy(kept["typed_latent"], held, 1,
+                                      group=lambda x: tt.decode_three_token(x).task)
+  assert set(ours) == set(tt.THREE_TOKEN_TASKS), ours   # 64 held-out rows hold every task
+  for task in tt.THREE_TOKEN_TASKS:
+    assert abs(r[task] - ours[task]) < 1e-9, task
+  n = {task: sum(tt.decode_three_token(x).task == task for x in np.asarray(held.batch_at(0)["inputs"]))
+       for task in tt.THREE_TOKEN_TASKS}
+  assert abs(r["all"] - sum(ours[t] * n[t] for t in n) / sum(n.values())) < 1e-9
+  # the table row, recomputed from the saved results (jaxmem (paper) per task, then all)
+  cells = [f"{100 * r[t]:.1f} (100)" for t in tt.THREE_TOKEN_TASKS] + [f"{100 * r['all']:.1f}"]
+  assert f"| Typed-Latent | {r['params']:,} | " + " | ".join(cells) + " |" in report
+
+
+def test_lm_matched_transformer_has_cores_parameter_count():
+  # the LM experiment's "Transformer (equal params)" row: the factory's model has the count
+  # matched_transformer gives for Core's at the same vocabulary and length (built abstractly, nothing runs)
+  size = lambda name: count_params(nnx.eval_shape(lambda: common.model_factory(name, vocab_size=lm.VOCAB,
+                                                                               max_len=16)(nnx.Rngs(0))))
+  assert size("transformer_matched") == matched_transformer(size("core"), vocab_size=259, max_len=16)[1]
 
 
 @pytest.mark.slow
 def test_lm_experiment_tiny(tmp_path, monkeypatch, synthetic_data_dir):
+  # one model, both recipes (the paper's and the curve); its final bits per byte recomputed in numpy
   out = tmp_path / "l"
-  args = ["--config.unimatrix_lm.models=('core','transformer_matched')", "--config.unimatrix_lm.seq_len=16",
-          "--config.unimatrix_lm.batch_size=2", "--config.unimatrix_lm.paper_steps=2",
-          "--config.unimatrix_lm.curve_steps=4", "--config.unimatrix_lm.eval_every=2",
+  args = ["--config.unimatrix_lm.models=('core',)", "--config.unimatrix_lm.seq_len=16",
+          "--config.unimatrix_lm.batch_size=2", "--config.unimatrix_lm.paper_steps=1",
+          "--config.unimatrix_lm.curve_steps=2", "--config.unimatrix_lm.eval_every=1",
           "--config.unimatrix_lm.eval_windows=2", "--config.unimatrix_lm.corpora=('tinyshakespeare',)"]
   trained = {}
   orig = lm.train
@@ -122,18 +163,23 @@ def test_lm_experiment_tiny(tmp_path, monkeypatch, synthetic_data_dir):
   monkeypatch.setattr(lm, "train", keep)
   assert main(["reproduce", "--quick", "--only", "unimatrix_lm", "--out", str(out), "--no_progress",
                *args]) == 0
+  report = (out / "REPORT.md").read_text()
   results = json.loads((out / "unimatrix_lm" / "results.json").read_text())["tinyshakespeare"]
+  assert sorted(trained) == ["curve_core", "paper_core"]
   from jaxmem.data import eval_windows, load_corpus
   val = load_corpus("tinyshakespeare")["validation"]
   w = eval_windows(val, 16)
-  model = next(m for k, m in trained.items() if k.endswith("curve_core"))
-  logits = np.concatenate([np.asarray(model(jnp.asarray(w["inputs"][i:i + 64])), np.float64)
-                           for i in range(0, len(w["inputs"]), 64)])
+  logits = np.concatenate([np.asarray(forward(trained["curve_core"], jnp.asarray(w["inputs"][i:i + 64])),
+                                      np.float64) for i in range(0, len(w["inputs"]), 64)])
   logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(
       -1, keepdims=True)
   nll = -np.take_along_axis(logp, w["targets"][..., None], -1)[..., 0]
   bpb = float((nll * w["mask"]).sum() / w["mask"].sum() / math.log(2))
-  assert abs(results["core"]["final_bpb"] - bpb) < 1e-4, (results["core"]["final_bpb"], bpb)
-  assert [s for s, _ in results["core"]["curve"]] == [2, 4]
-  assert results["transformer_matched"]["params"] == matched_transformer(
-      results["core"]["params"], vocab_size=259, max_len=16)[1]
+  core = results["core"]
+  assert abs(core["final_bpb"] - bpb) < 1e-4, (core["final_bpb"], bpb)
+  assert [s for s, _ in core["curve"]] == [1, 2]
+  assert core["params"] == count_params(trained["curve_core"]) == count_params(trained["paper_core"])
+  # the table row, recomputed from the saved results: curve points at steps 1 and 2, then the final number
+  c = dict(core["curve"])
+  assert (f"| UniMatrix-Core | {core['params']:,} | {core['paper_recipe_bpb']:.3f} | — | {c[1]:.3f} | "
+          f"{c[2]:.3f} | **{core['final_bpb']:.3f}** |") in report
