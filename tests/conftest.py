@@ -148,3 +148,17 @@ def tiny_lm_config(*extra):
   cfg = config_files.apply_overrides(config_files.load_config("lm_baseline:quick"),
                                    TINY_OVERRIDES + list(extra))
   return lm_config_from(cfg)
+
+
+def reproduce_tiny(out, name: str, settings) -> tuple:
+  """``jaxmem reproduce --quick --only name`` with ``settings``, checked to have run and written its report
+  row and figure; returns ``(its status entry, REPORT.md's text)``."""
+  from jaxmem.experiments.report import reproduce
+  status = reproduce(out, quick=True, only=[name], progress=False, echo=lambda *a: None,
+                     configs={name: settings})
+  assert status[name]["status"] == "ok", status
+  report = (out / "REPORT.md").read_text()
+  assert f"| {name} | ok |" in report
+  assert f"![{name}]({name}/{name}.png)" in report
+  assert (out / name / f"{name}.png").stat().st_size > 0
+  return status[name], report

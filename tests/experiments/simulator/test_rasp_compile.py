@@ -10,9 +10,9 @@ import pytest
 
 from jaxmem import config_files, rasp
 from jaxmem.experiments import REGISTRY, RunContext
-from jaxmem.experiments.report import reproduce
 from jaxmem.experiments.simulator import rasp_compile as exp
 from jaxmem.rasp import conformance, lib
+from tests.conftest import reproduce_tiny
 
 
 def _ctx(tmp_path):
@@ -26,14 +26,8 @@ def test_rasp_compile_tiny_report_holds_the_recomputed_numbers(tmp_path):
   s = dataclasses.replace(REGISTRY["rasp_compile"].load_config(True), programs=("frac_prevs", "transpose"),
                           max_seq_lens=(5, 6), exhaustive_len=3, n_random=30)
   out = tmp_path / "r"
-  status = reproduce(out, quick=True, only=["rasp_compile"], progress=False, echo=lambda *a: None,
-                     configs={"rasp_compile": s})
-  assert status["rasp_compile"]["status"] == "ok", status
-  report = (out / "REPORT.md").read_text()
-  assert "| rasp_compile | ok |" in report
-  assert "![rasp_compile](rasp_compile/rasp_compile.png)" in report
-  assert (out / "rasp_compile" / "rasp_compile.png").stat().st_size > 0
-  metrics = status["rasp_compile"]["metrics"]
+  entry, report = reproduce_tiny(out, "rasp_compile", s)
+  metrics = entry["metrics"]
   rows = {(r["name"], r["max_seq_len"]): r for r in metrics["rows"]}
   assert sorted(rows) == [("frac_prevs", 5), ("frac_prevs", 6), ("transpose", 5), ("transpose", 6)]
   assert rows["transpose", 5]["skipped"] == "accepts no length <= 5"

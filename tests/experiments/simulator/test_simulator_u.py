@@ -10,10 +10,10 @@ import pytest
 
 from jaxmem import config_files
 from jaxmem.experiments import REGISTRY
-from jaxmem.experiments.report import reproduce
 from jaxmem.experiments.simulator import simulator_u as exp
 from jaxmem.results import markdown_table
 from jaxmem.simulator import build_simulator, error_table
+from tests.conftest import reproduce_tiny
 
 
 def tiny():
@@ -26,14 +26,8 @@ def tiny():
 def test_simulator_u_tiny_report_holds_the_recomputed_numbers(tmp_path):
   s = tiny()
   out = tmp_path / "r"
-  status = reproduce(out, quick=True, only=["simulator_u"], progress=False, echo=lambda *a: None,
-                     configs={"simulator_u": s})
-  assert status["simulator_u"]["status"] == "ok", status
-  report = (out / "REPORT.md").read_text()
-  assert "| simulator_u | ok |" in report
-  assert "![simulator_u](simulator_u/simulator_u.png)" in report
-  assert (out / "simulator_u" / "simulator_u.png").stat().st_size > 0
-  metrics = status["simulator_u"]["metrics"]
+  entry, report = reproduce_tiny(out, "simulator_u", s)
+  metrics = entry["metrics"]
 
   # the error tables, recomputed (same seed: the same T, X through the same compiled U)
   common = (s.max_len, s.d_model, s.heads, s.head_dim, s.n_values, s.trials, s.seed)
