@@ -67,9 +67,14 @@ def isolated_data_env(tmp_path, monkeypatch):
 
 
 def subprocess_env(**extra) -> dict:
+  """This process's environment for a child (same compilation cache, same XLA optimisation level: extra
+  ``XLA_FLAGS`` are added to this session's, not put in their place)."""
   env = dict(os.environ)
   env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-  env.update({k: str(v) for k, v in extra.items()})
+  extra = {k: str(v) for k, v in extra.items()}
+  if "XLA_FLAGS" in extra:
+    extra["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + extra["XLA_FLAGS"]).strip()
+  env.update(extra)
   return env
 
 
