@@ -204,7 +204,8 @@ def test_disjoint_trained_keys_recall_perfectly():
   supports exist and DPFP reaches them (:func:`disjoint_feature_params`), so zero loss is attainable: through
   the trained-keys model and its evaluation such weights read ``y / (1 + 1e-6)`` (the linear-attention
   denominator is 1), loss ≤ 0.5·(1e-6)² ≪ 1e-6 and accuracy 1, while the random init mixes the S values
-  (loss ≈ 0.4-0.6). (That training reaches such weights is the experiment's trained-keys table.)"""
+  (loss ≈ 0.4-0.6). (That training reaches such weights is checked in the experiment's report:
+  :func:`exp.trained_checks`.)"""
   built, colmask, init = disjoint_feature_params(jax.random.key(0), 8, 16)
   ev = lambda p: exp.eval_trained(p, colmask, jnp.asarray([8]), jax.random.key(1), setting="distinct",
                                   rule="hebb", fmap="dpfp1", P=8, B=16, writes=1)
@@ -219,7 +220,7 @@ def test_disjoint_trained_keys_delta_overwrites_below_order_blind_floor():
   delta rule with β = 1 on orthonormal features replaces a key's column, ``S ← S + (v − S k) kᵀ``, so it
   reads every key's latest value exactly — far below the order-blind floor (≈ 0.18 here), the best any
   order-blind memory (the sum rule) can reach, which the random init sits above. (That training with a
-  learned β gets there is the experiment's trained-keys table.)"""
+  learned β gets there is checked in the experiment's report.)"""
   built, colmask, init = disjoint_feature_params(jax.random.key(0), 6, 16, erase=True)
   ev = lambda p, w: exp.eval_trained(p, colmask, jnp.asarray([6]), jax.random.key(1), setting="overwrite",
                                      rule="delta", fmap="dpfp1", P=6, B=32, writes=w)
@@ -228,6 +229,27 @@ def test_disjoint_trained_keys_delta_overwrites_below_order_blind_floor():
   for writes in (2, 1):
     (loss,), (acc,), _ = ev(built, writes)
     assert float(loss) < min(1e-6, float(floor) / 4) and float(acc) == 1.0, (writes, loss, acc)
+
+
+def test_trained_checks_rows():
+  """The report's learning checks (:func:`exp.trained_checks`), on hand-made results: which runs carry a claim
+  (DPFP distinct keys within the feature width, delta rule overwriting; not ELU+1, not S above the width, not
+  the sum rule overwriting) and each threshold's both sides."""
+  arr = lambda *x: np.asarray(x, np.float64)
+  trained = {
+      ("distinct", "hebb", "dpfp1"): {"n": arr(8, 16, 20), "loss": arr(0.001, 0.04, 0.0),
+                                      "init_loss": arr(0.5, 0.5, 0.5)},
+      ("distinct", "hebb", "elu1"): {"n": arr(8), "loss": arr(0.3), "init_loss": arr(0.5)},
+      ("overwrite", "hebb", "dpfp1"): {"n": arr(8), "loss": arr(0.3), "init_loss": arr(0.5), "floor": arr(0.2)},
+      ("overwrite", "delta", "dpfp1"): {"n": arr(8, 8), "loss": arr(0.049, 0.051), "init_loss": arr(0.5, 0.5),
+                                        "floor": arr(0.2, 0.2)},
+  }
+  rows = exp.trained_checks(trained, d_key=8)            # dpfp1 of 8: 16 features, so S = 20 carries no claim
+  assert [ok for *_, ok in rows] == [True, False, True, False]
+  assert "S=8" in rows[0][0] and "0.5/S = 0.0625" in rows[0][0] and "S=16" in rows[1][0]   # 0.04 ≥ 0.5/16
+  assert all("overwrite, delta" in r[0] for r in rows[2:])
+  trained[("distinct", "hebb", "dpfp1")]["init_loss"] = arr(0.005, 0.5, 0.5)   # not a tenth of the init loss
+  assert not exp.trained_checks(trained, d_key=8)[0][2]
 
 
 _readout = jax.jit(trained_keys.readout, static_argnames=("rule", "feature_map"))
