@@ -24,13 +24,17 @@ if _compilation_cache_dir():
   if importlib.util.find_spec("filelock"):   # JAX's size limit needs it (a dev dependency)
     os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(2 ** 30)   # least recently used entries go first
 
-# XLA's CPU backend at LLVM optimisation level 0: the suite's time is ~90% compilation, and this cuts the
-# CPU time of compiling by about a third while the programs (HLO passes, fusion, layouts) stay the same;
-# execution is slower, which the few execution-heavy tests pay. JAXMEM_TEST_XLA_OPTIMIZE=1 keeps XLA's default
-# (the code users run). Numerically it is another CPU: the tolerances are argued for any machine.
-if os.environ.get("JAXMEM_TEST_XLA_OPTIMIZE") != "1" and "xla_backend_optimization_level" not in os.environ.get(
-    "XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+# XLA's CPU backend set for compile time, not run time: the suite's time is mostly compilation. LLVM at
+# optimisation level 0, and fusions emitted by XLA's classic elemental emitter instead of its MLIR fusion
+# emitters (which compile several times slower, on more threads); the HLO programs (passes, fusion decisions,
+# layouts) stay the same, execution is slower, which the few execution-heavy tests pay. A flag already in
+# XLA_FLAGS is left as set; JAXMEM_TEST_XLA_OPTIMIZE=1 keeps XLA's defaults (the code users run). Numerically
+# it is another CPU: the tolerances are argued for any machine.
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+if os.environ.get("JAXMEM_TEST_XLA_OPTIMIZE") != "1":
+  for _flag in TEST_XLA_FLAGS:
+    if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+      os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
