@@ -12,6 +12,7 @@ from jaxmem.cli import main
 from tests.conftest import TINY_OVERRIDES
 
 
+@pytest.mark.slow
 def test_train_then_eval(synthetic_data_dir, tmp_path, capsys):
   wd = str(tmp_path / "run")
   rc = main(["train", "--config", "configs/lm_baseline.py:quick", "--workdir", wd,
@@ -138,6 +139,7 @@ def test_bench_dnc_quick_prints_ratio_and_memory(capsys, monkeypatch):
     positive_finite(table_rows(out, label)[0][1])
 
 
+@pytest.mark.slow
 def test_compile_prints_sizes_checks_and_exports(tmp_path, capsys):
   from jaxmem import rasp
   out = tmp_path / "w.npz"

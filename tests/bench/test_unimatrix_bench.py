@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from flax import nnx
 
 from jaxmem.bench import BENCHES
 from jaxmem.bench.unimatrix import TABLE_HEAD, TARGETS, bench_unimatrix, matched_transformer
 from jaxmem.models import TransformerLM, count_params
+
+pytestmark = pytest.mark.slow   # end-to-end benchmark run: `make test`, not `make test-fast`
 
 
 def _tables(section: str) -> list:

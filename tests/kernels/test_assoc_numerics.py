@@ -172,6 +172,7 @@ CASES = [(r, m) for r in RULES for m in modes_for(r)]
 
 
 @pytest.mark.parametrize("rule,mode", CASES)
+@pytest.mark.slow
 def test_decay_and_beta_grid_finite_and_exact_under_jit(rule, mode):
   # γ ∈ {0, 1e-30, 1e-6, 1}, β ∈ {0, 1, 2}, traced (so no eager check can help), T = 37 with
   # chunk 4, values against the float64 numpy loop and gradients against a plain loop in γ
@@ -354,6 +355,7 @@ EMULATED_TOL = {"highest": 3e-5, "tensorfloat32": 2e-2, "bfloat16": 2e-1}
 @pytest.mark.parametrize("rule,mode", [("delta", "recurrent"), ("delta", "chunked"), ("delta", "parallel"),
                                        ("gated_delta", "chunked"), ("oja", "chunked"), ("hebb", "parallel"),
                                        ("decay", "parallel")])
+@pytest.mark.slow
 def test_emulated_reduced_precision_platforms(rule, mode):
   # the full rule × form table at T = 2048: `jaxmem bench precision`
   q, k, v, beta, decay, S0 = make_inputs(1, 128, 2, 16, 16, seed=19)

@@ -66,6 +66,7 @@ def test_chunked_and_recurrent_circuits_agree_in_the_model(rule):
 
 
 @pytest.mark.parametrize("rule", ["hebb", "delta", "oja", "gated_delta"])
+@pytest.mark.slow
 def test_circuit_model_is_causal_by_gradient(rule):
   """Every logit at t: exactly zero gradient w.r.t. the embeddings after t (and other rows), nonzero before."""
   model = TransformerLM(model_cfg(rule=rule, key_norm=True), rngs=nnx.Rngs(0))
@@ -98,6 +99,7 @@ def test_hybrid_flags_are_not_fields_of_the_circuit():
     dataclasses.replace(MIXER, erase=True)
 
 
+@pytest.mark.slow
 def test_circuit_lm_trains(synthetic_data_dir, tmp_path):
   import numpy as np
 
@@ -145,6 +147,7 @@ LONG_TOKENS = jax.random.randint(jax.random.key(2), (2, 64), 0, 256)
 
 @pytest.mark.parametrize("rule,mode",
                          [(r, "auto") for r in RULES] + [("delta", "chunked"), ("oja", "recurrent")])
+@pytest.mark.slow
 def test_qkv_weights_times_ten_stay_finite_under_jit(rule, mode):
   # Large projections make ‖k‖² ≫ 2/β: the raw delta / oja rules diverge, and under jit no
   # eager guard can see it. The default (normalised erase vectors) is stable by construction.
@@ -156,6 +159,7 @@ def test_qkv_weights_times_ten_stay_finite_under_jit(rule, mode):
 
 @pytest.mark.parametrize("rule,mode", [("gated_delta", m) for m in ("auto", "chunked", "parallel", "recurrent")]
                          + [("decay", "auto")])
+@pytest.mark.slow
 def test_decay_gates_that_underflow_to_zero_stay_finite(rule, mode):
   # σ(−200) is exactly 0 in float32: the model passes log σ (finite) instead of σ, so
   # log γ is never log 0 and values and gradients (also of the gate itself) stay finite.

@@ -68,6 +68,7 @@ def dnc():
   return DNC(CFG, rngs=nnx.Rngs(0))
 
 
+@pytest.mark.slow
 def test_scanned_model_equals_manual_loop(dnc):
   y, _ = _outputs_and_grads(dnc, X)
   np.testing.assert_allclose(y, manual_forward(dnc, X), rtol=1e-4, atol=1e-5)

@@ -121,6 +121,7 @@ def _block_alone(model, mixer_cfg, layer):
   return alone
 
 
+@pytest.mark.slow
 def test_per_layer_mixers_each_layer_equals_the_same_layer_built_alone(stack_model):
   model = stack_model
   assert [type(model.block(i).attn).__name__ for i in range(3)] == ["SoftmaxAttention", "AssociativeMemory",
@@ -147,6 +148,7 @@ def test_per_layer_mixer_lm_is_causal_by_gradient(stack_model):
   assert_causal(logit_jacobian(stack_model, TOKENS, W_V), "per-layer stack")
 
 
+@pytest.mark.slow
 def test_per_layer_mixer_lm_trains_a_few_steps():
   model = _stack_model(remat=True)
   tokens = jax.random.randint(jax.random.key(3), (4, 16), 0, 32)
@@ -258,6 +260,7 @@ def _assert_logits_match(logits, want, rel):
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow
 def test_single_mixer_model_equals_the_pre_refactor_model(name):
   """Same seed -> the same weights (per-leaf checksums) and the same logits as the flat-field
   ``TransformerConfig`` of commit bc9c4d3 (``golden/make_golden.py`` wrote them), within rounding."""

@@ -51,6 +51,7 @@ def _scan_residuals(model, capsys) -> list:
 
 
 @pytest.mark.parametrize("make", [_transformer, _unimatrix], ids=["transformer_assoc", "unimatrix_core"])
+@pytest.mark.slow
 def test_every_policy_gives_the_same_gradients_keeps_what_it_says_and_saves_memory(make, capsys):
   ref, mem_none = _grad_and_temp_bytes(make())
   kept = {}

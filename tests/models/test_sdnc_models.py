@@ -138,6 +138,7 @@ def set_gates(attn, active=(), seed: int = 5) -> None:
       gate.bias[...] = jnp.tile(jnp.array(bias), (CFG.n_layers, gate.bias.shape[-1] // len(bias)))
 
 
+@pytest.mark.slow
 def test_hybrid_flags_off_is_the_plain_transformer():
   """Flags off: no gate parameters, and the logits are the plain softmax Transformer's as written out in
   numpy from the same (perturbed, so every term matters) weights — two different computations."""

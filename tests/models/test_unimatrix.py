@@ -89,6 +89,7 @@ def onehot_jacobian(model, x_BT):
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.slow
 def test_causal_by_gradient_and_by_changing_future_tokens(case):
   """Logits at t: exactly zero gradient w.r.t. the one-hot inputs after t (and of other rows), at every t, and
   unchanged when they change."""
@@ -108,6 +109,7 @@ def test_causal_by_gradient_and_by_changing_future_tokens(case):
 
 
 @pytest.mark.parametrize("variant", ["core", "discovery"])
+@pytest.mark.slow
 def test_the_papers_carried_state_leaks_and_the_checks_catch_it(variant):
   """carry_state=True is the released code's bug (state of depth step n → step n + 1): both checks fail."""
   model = UniMatrixLM(tiny(variant, carry_state=True), rngs=nnx.Rngs(0))
@@ -127,6 +129,7 @@ DROPOUT_CASES = [CASES[5], ("sparse_pointer", {}), ("assoc", {})]
 
 
 @pytest.mark.parametrize("variant, kw", DROPOUT_CASES, ids=[_ids(c) for c in DROPOUT_CASES])
+@pytest.mark.slow
 def test_dropout_trains_stochastic_and_causal_and_evaluates_as_the_model_without_it(variant, kw):
   """dropout > 0: the parameters are those of dropout = 0 (same seed); train-mode calls draw new masks yet
   stay causal (same masks replayed on changed future tokens leave earlier logits bit-identical; zero future
@@ -169,6 +172,7 @@ def _run_block_by_hand(model: UniMatrixLM, x_BT):
 
 
 @pytest.mark.parametrize("variant", ["core", "discovery", "assoc"])
+@pytest.mark.slow
 def test_one_shared_block_applied_n_steps_times(variant):
   kw = dict(rosa="none") if variant == "discovery" else {}
   for n_steps in (1, 3):
@@ -286,6 +290,7 @@ def test_pointer_fusion_puts_mass_only_on_ids_seen_before_t():
       assert np.abs(mass).max() < 1e-6
 
 
+@pytest.mark.slow
 def test_prev_token_slot_query_solves_the_papers_recall_by_construction_only_with_a_strong_cosine():
   """Untrained SparsePointer with the slot query E[x_{t−1}] and a strong pointer vote: with the score
   √d·cos + log(strength) the read at ANSWER finds the queried key's slot (100%); with the paper's
@@ -394,6 +399,7 @@ def test_bad_inputs_raise():
 _mean_square_grads = nnx.jit(lambda model, x: nnx.grad(lambda m: jnp.mean(m(x) ** 2))(model))
 
 
+@pytest.mark.slow
 def test_jit_and_parameter_gradients_of_the_richest_variants():
   x = tokens()
   for v in ("discovery", "sparse_pointer"):   # between them: every module of UniMatrixLM but the dense memory

@@ -192,6 +192,7 @@ def _output(name, xs):
 
 
 @pytest.mark.parametrize("name", IDS)
+@pytest.mark.slow
 def test_compiled_equals_interpreted_on_every_small_input_and_every_length(name):
   _, program, vocab, N = BY_NAME[name]
   model, inputs, outputs, _, _ = _run(name)

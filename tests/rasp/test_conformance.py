@@ -87,6 +87,7 @@ def _disagreements(encoding, wants, gots, inputs):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_compiled_equals_interpreted_and_reference_at_every_length(name):
   spec, model, exhaustive, inputs, got, interpreted = _checked(name)
   assert model.meta["output"]["encoding"] == spec.encoding
@@ -115,6 +116,7 @@ def test_kparity_and_match2_are_exact_at_every_length_by_construction():
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if lib.PROGRAMS[n].tracr is not None])
+@pytest.mark.slow
 def test_residual_width_and_params_at_most_tracrs_at_n5(name):
   spec = lib.PROGRAMS[name]
   model = rasp.compile(spec.build(5), _vocab(spec), 5)   # sizes only: no forward pass

@@ -27,6 +27,7 @@ def kinds(prog):
 
 
 @pytest.mark.parametrize("shape", SHAPES + [(3, 3)])
+@pytest.mark.slow
 def test_transpose(shape):
   A = rand(shape)
   np.testing.assert_array_equal(C.transpose(A), A.T)  # a copy: bit-exact
@@ -34,6 +35,7 @@ def test_transpose(shape):
 
 
 @pytest.mark.parametrize("r,m,c", [(3, 5, 2), (1, 4, 1), (2, 1, 6)])
+@pytest.mark.slow
 def test_matmul(r, m, c):
   A, B = rand((r, m), 1), rand((m, c), 2)
   ref = jnp.matmul(A, B, precision="highest")
@@ -49,6 +51,7 @@ def test_matmul_integers_exact():
 
 @pytest.mark.parametrize("shape", ROW_SHAPES)
 @pytest.mark.parametrize("scale", [1.0, 100.0])
+@pytest.mark.slow
 def test_softmax(shape, scale):
   A = rand(shape, 3, scale)
   ref = _softmax(A)

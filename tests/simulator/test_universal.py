@@ -39,6 +39,7 @@ def rel_err(got, ref):
 
 
 @pytest.mark.parametrize("H,Dh", [(1, 3), (2, 4), (3, 4)])
+@pytest.mark.slow
 def test_simulates_every_attention_layer_at_every_length(H, Dh):
   sim = build_simulator(MAX_LEN, D, H, Dh)
   before = snapshot(sim)
@@ -55,6 +56,7 @@ def test_simulates_every_attention_layer_at_every_length(H, Dh):
   assert_same_weights(before, sim)
 
 
+@pytest.mark.slow
 def test_simulates_every_encoder_layer_at_every_length():
   H, Dh, F = 2, 3, 7
   sim = build_simulator(MAX_LEN, D, H, Dh, ffn_dim=F)

@@ -4,6 +4,7 @@ state sizes; a second call in a finished workdir returns the trained weights."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from jaxmem.models import AssocConfig, SoftmaxConfig, TransformerConfig, TransformerLM
@@ -12,6 +13,7 @@ from jaxmem.train.losses import recall_loss
 from jaxmem.train.recall import recall_accuracy, recall_mixer, recall_train_config, state_floats, train_recall
 
 
+@pytest.mark.slow
 def test_recall_loss_counts_only_query_positions():
   class Oracle:
     def __call__(self, inputs):
@@ -67,6 +69,7 @@ def test_state_floats_closed_forms():
   assert state_floats(TransformerConfig(**base, mixer=mixed), 16) == 2 * 16 * 32 + 2 * 4 * 8 * 8
 
 
+@pytest.mark.slow
 def test_train_recall_trains_and_a_second_call_returns_the_same_weights(tmp_path):
   mcfg = TransformerConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16,
                            mixer=recall_mixer("delta"))

@@ -14,6 +14,8 @@ from jaxmem.experiments.pavlovian import capacity as exp
 from jaxmem.tasks.pairs import sample_pairs
 from tests.experiments.pavlovian.helpers import capture, first_failure_n, ls_slope, make_ctx, quick_settings
 
+pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `make test-fast`
+
 # 16 trials: the crosstalk-vs-theory check below averages over them
 TINY_CAP = quick_settings("assoc_capacity", d_ks=(8, 16, 32), trials=16, n_max_ratio=2, points_per_dk=16)
 

@@ -9,6 +9,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxmem.experiments.pavlovian import capacity_onehot as exp
 from jaxmem.experiments.pavlovian.common import SCHLAG_2021
@@ -17,6 +18,8 @@ from jaxmem.models import trained_keys
 from jaxmem.tasks.pairs import sample_distinct, sample_symbol_streams
 from tests.experiments.pavlovian.helpers import capture, first_failure_n, make_ctx, quick_settings
 from tests.kernels.test_feature_maps import dpfp_reference, elu1_reference
+
+pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `make test-fast`
 
 QUICK = quick_settings("assoc_capacity_onehot")
 

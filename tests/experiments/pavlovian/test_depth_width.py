@@ -15,6 +15,8 @@ from jaxmem.models import AssocConfig, SoftmaxConfig
 from tests.conftest import forward
 from tests.experiments.pavlovian.helpers import keep_trained_models
 
+pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `make test-fast`
+
 # tiny settings, given on the command line as --config.assoc_depth_width.<field>=<value>
 TINY = dict(tasks=({"name": "2-hop recall", "hops": 2, "num_items": 2},), shapes=((2, 16), (4, 8)),
             rules=("delta",), head_dim=8, vocab_size=32, seq_len=16, n_steps=3, batch_size=4, eval_batches=1,
@@ -39,7 +41,6 @@ def test_tiny_settings():
   assert dataclasses.replace(s, tasks=(("MQAR", 1, 8),)).tasks == (exp.RecallTask("MQAR", 1, 8),)
 
 
-@pytest.mark.slow
 def test_depth_width_experiment_tiny(tmp_path, monkeypatch):
   trained = keep_trained_models(monkeypatch, exp)  # the trained models, to re-evaluate here
   out = tmp_path / "r"

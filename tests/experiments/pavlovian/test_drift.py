@@ -2,9 +2,12 @@
 Oja's and decay's bounded, delta re-learns after a switch), recomputed from the raw curves."""
 
 import numpy as np
+import pytest
 
 from jaxmem.experiments.pavlovian import drift as exp
 from tests.experiments.pavlovian.helpers import capture, ls_slope, make_ctx, quick_settings
+
+pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `make test-fast`
 
 TINY_DRIFT = quick_settings("assoc_drift", d_k=16, m=8, period=60, n_periods=3, trials=4, record_every=10)
 

@@ -17,6 +17,8 @@ from jaxmem.experiments.pavlovian.common import linear_fit, log_slope_vs_heads
 from jaxmem.tasks.pairs import sample_chain, unit
 from tests.experiments.pavlovian.helpers import capture, make_ctx, quick_settings
 
+pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `make test-fast`
+
 # 16 trials: the crosstalk-vs-theory check below averages over them
 TINY = quick_settings("assoc_error_propagation", d_k=16, ratios=(2.0, 4.0), heads=(1, 2, 4), depth=4, trials=16)
 

@@ -18,6 +18,8 @@ from jaxmem.train.recall import state_floats
 from tests.conftest import forward
 from tests.experiments.pavlovian.helpers import keep_trained_models
 
+pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `make test-fast`
+
 # tiny settings, given on the command line as --config.mqar.<field>=<value>
 # (one KV-cache and one circuit model: the training / scoring code is shared by all six)
 TINY = dict(vocab_size=64, seq_len=16, num_kv_pairs=2, widths=(16,), n_layers=1, n_heads=2, short_conv=0,
@@ -59,7 +61,6 @@ def numpy_accuracy(model, stream, n_batches: int) -> float:
   return float(np.mean(accs))
 
 
-@pytest.mark.slow
 def test_mqar_experiment_tiny(tmp_path, monkeypatch):
   trained = keep_trained_models(monkeypatch, exp)  # the trained models, to re-evaluate here
   out = tmp_path / "r"

@@ -18,6 +18,8 @@ from jaxmem.experiments.sdnc import dnc_tasks as exp
 from jaxmem.tasks import algorithmic
 from tests.conftest import forward
 
+pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `make test-fast`
+
 # tiny settings, given on the command line as --config.dnc_tasks.<field>=<value>: copy of lengths 1-3, the
 # three distinct model paths (the DNC, the Transformer = the sDNC row, a hybrid), 2 steps, one longer length
 TINY = dict(tasks=("copy",), models=("dnc", "transformer", "+all_three"), longer=(2,), copy_length=3, n_steps=2,
@@ -70,7 +72,6 @@ def numpy_bit_error(model, spec, size, batch_size, seed) -> float:
   return float(wrong.sum() / (b["mask"].astype(np.float64).sum() * b["targets"].shape[-1]))
 
 
-@pytest.mark.slow
 def test_reproduce_dnc_tasks_tiny(tmp_path, monkeypatch):
   s = REGISTRY["dnc_tasks"].load_config(True, [a[len("--config.dnc_tasks."):] for a in TINY_ARGS])
   assert s == dataclasses.replace(quick_settings(), **TINY)

@@ -14,6 +14,8 @@ from jaxmem.experiments.simulator import rasp_compile as exp
 from jaxmem.rasp import conformance, lib
 from tests.conftest import reproduce_tiny
 
+pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `make test-fast`
+
 
 def _ctx(tmp_path):
   (tmp_path / "rasp_compile").mkdir()

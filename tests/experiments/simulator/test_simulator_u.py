@@ -15,6 +15,8 @@ from jaxmem.results import markdown_table
 from jaxmem.simulator import build_simulator, error_table
 from tests.conftest import reproduce_tiny
 
+pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `make test-fast`
+
 
 def tiny():
   # one head count, two lengths below max_len (U's padded, empty-selection heads in use: at n = 2 of 3

@@ -24,6 +24,8 @@ from jaxmem.models.unimatrix.baselines import matched_transformer
 from jaxmem.tasks import unimatrix as tt
 from tests.conftest import forward
 
+pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `make test-fast`
+
 NAMES = {"unimatrix_recall": recall.RecallSettings, "unimatrix_three_token": three_token.ThreeTokenSettings,
          "unimatrix_lm": lm.LMSettings}
 
@@ -80,7 +82,6 @@ def test_recall_factory_options():
   assert ablated.cfg.dropout == 0.0 and build("core").cfg.variant == "core"
 
 
-@pytest.mark.slow
 def test_recall_experiment_tiny(tmp_path, monkeypatch):
   # one model-table row and one ablation row (other pairs, other slot options): the experiment's two paths
   kept = keep_models(monkeypatch, recall)
@@ -109,7 +110,6 @@ def test_recall_experiment_tiny(tmp_path, monkeypatch):
   assert f"| 32 slots, no pointer | {100 * abl['accuracy']:.1f} | 95.7 / 90.3 / 86.6 |" in report
 
 
-@pytest.mark.slow
 def test_three_token_experiment_tiny(tmp_path, monkeypatch):
   # one model: the per-task scoring and the table are the experiment's path, whichever model it trains
   kept = keep_models(monkeypatch, three_token)
@@ -144,7 +144,6 @@ def test_lm_matched_transformer_has_cores_parameter_count():
   assert size("transformer_matched") == matched_transformer(size("core"), vocab_size=259, max_len=16)[1]
 
 
-@pytest.mark.slow
 def test_lm_experiment_tiny(tmp_path, monkeypatch, synthetic_data_dir):
   # one model, both recipes (the paper's and the curve); its final bits per byte recomputed in numpy
   out = tmp_path / "l"
