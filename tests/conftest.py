@@ -51,13 +51,6 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.compile_report"]
 
 
-def pytest_collection_modifyitems(config, items):
-  """Modules holding tests marked ``slow`` run first, otherwise in collection order: under ``--dist
-  loadfile`` the long modules then start early instead of forming the tail of the run."""
-  slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-  items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
-
-
 @pytest.fixture
 def tiny_shakespeare_path():
   """The real corpus (CI points $JAXMEM_DATA_DIR at ../shared/data); skip if absent."""

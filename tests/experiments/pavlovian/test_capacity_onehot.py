@@ -244,11 +244,12 @@ def test_trained_checks_rows():
                                       "init_loss": arr(0.5, 0.5, 0.5)},
       ("distinct", "hebb", "elu1"): {"n": arr(8), "loss": arr(0.3), "init_loss": arr(0.5)},
       ("overwrite", "hebb", "dpfp1"): {"n": arr(8), "loss": arr(0.3), "init_loss": arr(0.5), "floor": arr(0.2)},
-      ("overwrite", "delta", "dpfp1"): {"n": arr(8, 8), "loss": arr(0.049, 0.051), "init_loss": arr(0.5, 0.5),
-                                        "floor": arr(0.2, 0.2)},
+      ("overwrite", "delta", "dpfp1"): {"n": arr(8, 8, 8), "loss": arr(0.049, 0.051, 0.0),
+                                        "init_loss": arr(0.5, 0.5, 0.5), "floor": arr(0.2, 0.2, 0.2),
+                                        "loss_short": arr(0.0, 0.0, 0.031), "floor_short": arr(0.1, 0.1, 0.12)},
   }
   rows = exp.trained_checks(trained, d_key=8)            # dpfp1 of 8: 16 features, so S = 20 carries no claim
-  assert [ok for *_, ok in rows] == [True, False, True, False]
+  assert [ok for *_, ok in rows] == [True, False, True, False, False]   # last: 0.031 ≥ 0.12 / 4 on S writes
   assert "S=8" in rows[0][0] and "0.5/S = 0.0625" in rows[0][0] and "S=16" in rows[1][0]   # 0.04 ≥ 0.5/16
   assert all("overwrite, delta" in r[0] for r in rows[2:])
   trained[("distinct", "hebb", "dpfp1")]["init_loss"] = arr(0.005, 0.5, 0.5)   # not a tenth of the init loss
