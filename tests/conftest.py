@@ -71,7 +71,7 @@ def isolated_data_env(tmp_path, monkeypatch):
 
 
 def subprocess_env(**extra) -> dict:
-  """This process's environment for a child (same compilation cache, same XLA optimisation level: extra
+  """This process's environment for a child (same compilation cache, same test XLA flags: extra
   ``XLA_FLAGS`` are added to this session's, not put in their place)."""
   env = dict(os.environ)
   env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
