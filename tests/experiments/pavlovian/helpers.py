@@ -34,6 +34,17 @@ def capture(monkeypatch, module, name: str) -> list:
   return calls
 
 
+def run_capturing(tmp_path_factory, module, name: str, settings, captured: str) -> tuple:
+  """One run of experiment ``name`` (``module.run``) in a fresh directory, recording the calls of
+  ``module.<captured>`` (:func:`capture`): returns (its result, the report dir, the recorded calls)."""
+  import pytest
+  tmp_path = tmp_path_factory.mktemp(name)
+  with pytest.MonkeyPatch.context() as mp:
+    raw = capture(mp, module, captured)
+    res = module.run(make_ctx(tmp_path, name), settings)
+  return res, tmp_path, raw
+
+
 def first_failure_n(n, ok) -> int:
   """Largest n with ok there and at every smaller n (0 if the first already fails), as a plain loop."""
   best = 0

@@ -12,7 +12,7 @@ import pytest
 
 from jaxmem.experiments.pavlovian import capacity as exp
 from jaxmem.tasks.pairs import sample_pairs
-from tests.experiments.pavlovian.helpers import capture, first_failure_n, ls_slope, make_ctx, quick_settings
+from tests.experiments.pavlovian.helpers import first_failure_n, ls_slope, quick_settings, run_capturing
 
 pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `make test-fast`
 
@@ -23,10 +23,7 @@ TINY_CAP = quick_settings("assoc_capacity", d_ks=(8, 16, 32), trials=16, n_max_r
 @pytest.fixture(scope="module")
 def cap_run(tmp_path_factory):
   """One tiny run of the experiment: (its result, report dir, the raw curves it measured by (rule, d_k))."""
-  tmp_path = tmp_path_factory.mktemp("cap")
-  with pytest.MonkeyPatch.context() as mp:
-    raw = capture(mp, exp, "capacity_curves")
-    res = exp.run(make_ctx(tmp_path, "assoc_capacity"), TINY_CAP)
+  res, tmp_path, raw = run_capturing(tmp_path_factory, exp, "assoc_capacity", TINY_CAP, "capacity_curves")
   return res, tmp_path, {(a[0], a[1]): c for a, c in raw}
 
 

@@ -15,7 +15,7 @@ import pytest
 from jaxmem.experiments.pavlovian import error_propagation as exp
 from jaxmem.experiments.pavlovian.common import linear_fit, log_slope_vs_heads
 from jaxmem.tasks.pairs import sample_chain, unit
-from tests.experiments.pavlovian.helpers import capture, make_ctx, quick_settings
+from tests.experiments.pavlovian.helpers import quick_settings, run_capturing
 
 pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `make test-fast`
 
@@ -26,10 +26,7 @@ TINY = quick_settings("assoc_error_propagation", d_k=16, ratios=(2.0, 4.0), head
 @pytest.fixture(scope="module")
 def prop_run(tmp_path_factory):
   """One tiny run of the experiment: (its result, report dir, the raw (ratio, H) grid it measured)."""
-  tmp_path = tmp_path_factory.mktemp("prop")
-  with pytest.MonkeyPatch.context() as mp:
-    raw = capture(mp, exp, "propagation_grid")
-    res = exp.run(make_ctx(tmp_path, "assoc_error_propagation"), TINY)
+  res, tmp_path, raw = run_capturing(tmp_path_factory, exp, "assoc_error_propagation", TINY, "propagation_grid")
   (_, grid), = raw
   return res, tmp_path, grid
 
