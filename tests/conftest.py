@@ -70,6 +70,30 @@ def isolated_data_env(tmp_path, monkeypatch):
   return tmp_path
 
 
+class CompileCounter:
+  """Counts XLA compilations while active: backend compiles, and programs read back from the persistent
+  compilation cache (tests/conftest.py turns it on; a hit skips the backend compile)."""
+
+  COMPILED = "/jax/core/compile/backend_compile_duration"
+  CACHE_HIT = "/jax/compilation_cache/cache_hits"
+
+  def __enter__(self):
+    self.n = 0
+    jax.monitoring.register_event_duration_secs_listener(self._compiled)
+    jax.monitoring.register_event_listener(self._hit)
+    return self
+
+  def _compiled(self, event, duration, **_):
+    self.n += event == self.COMPILED
+
+  def _hit(self, event, **_):
+    self.n += event == self.CACHE_HIT
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._compiled)
+    jax.monitoring.unregister_event_listener(self._hit)
+
+
 def subprocess_env(**extra) -> dict:
   """This process's environment for a child (same compilation cache, same test XLA flags: extra
   ``XLA_FLAGS`` are added to this session's, not put in their place)."""

@@ -87,6 +87,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmem._checks import check_choice, check_equal, check_positive_int, check_rank, shape_of
+from jaxmem.arrays import device_array
 from jaxmem.kernels.assoc import associative_memory, auto_forward_mode, log_of_decay
 from jaxmem.kernels.precision import Matmul, matmul_for
 
@@ -258,7 +259,7 @@ def _is_concrete(x) -> bool:
 
 
 def _as_array(x):
-  return x if x is None or isinstance(x, jax.Array) else jnp.asarray(x)
+  return x if x is None or isinstance(x, jax.Array) else device_array(x)
 
 
 def _check_gate(rho, log_rho, names: tuple[str, str], want: tuple, layout: str) -> None:

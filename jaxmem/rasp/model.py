@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxmem.arrays import device_array
 from jaxmem.kernels.ahat import ahat_attention
 from jaxmem.rasp.passes import value_key
 
@@ -46,12 +47,12 @@ class AHATLayer(nnx.Module):
   def __init__(self, heads: Optional[Dict[str, np.ndarray]], mlp: List[tuple], tol: float):
     self.has_attn = heads is not None
     if self.has_attn:
-      self.wq = nnx.Param(jnp.asarray(heads["wq"], jnp.float32))
-      self.wk = nnx.Param(jnp.asarray(heads["wk"], jnp.float32))
-      self.wv = nnx.Param(jnp.asarray(heads["wv"], jnp.float32))
-      self.wo = nnx.Param(jnp.asarray(heads["wo"], jnp.float32))
-    self.mlp_w = nnx.List([nnx.Param(jnp.asarray(w, jnp.float32)) for w, _ in mlp])
-    self.mlp_b = nnx.List([nnx.Param(jnp.asarray(b, jnp.float32)) for _, b in mlp])
+      self.wq = nnx.Param(device_array(heads["wq"], jnp.float32))
+      self.wk = nnx.Param(device_array(heads["wk"], jnp.float32))
+      self.wv = nnx.Param(device_array(heads["wv"], jnp.float32))
+      self.wo = nnx.Param(device_array(heads["wo"], jnp.float32))
+    self.mlp_w = nnx.List([nnx.Param(device_array(w, jnp.float32)) for w, _ in mlp])
+    self.mlp_b = nnx.List([nnx.Param(device_array(b, jnp.float32)) for _, b in mlp])
     self.tol = tol
 
   def __call__(self, x, mask):
@@ -79,8 +80,8 @@ class AHATTransformer(nnx.Module):
   residual after every sublayer and every layer's attention maps ``[B, H, T, T]``."""
 
   def __init__(self, token_embed, position_embed, layers: List[dict], tol: float):
-    self.token_embed = nnx.Param(jnp.asarray(token_embed, jnp.float32))
-    self.position_embed = nnx.Param(jnp.asarray(position_embed, jnp.float32))
+    self.token_embed = nnx.Param(device_array(token_embed, jnp.float32))
+    self.position_embed = nnx.Param(device_array(position_embed, jnp.float32))
     self.layers = nnx.List([AHATLayer(l.get("heads"), l.get("mlp", []), tol) for l in layers])
 
   def __call__(self, ids_BT, mask_BT):
@@ -195,7 +196,7 @@ class CompiledModel:
   def residual(self, inputs_batch: Sequence[Sequence[Any]]) -> np.ndarray:
     """The final residual ``[B, N+1, d]`` (padded) for a batch of inputs without BOS."""
     ids, mask = self._encode(inputs_batch)
-    out, _, _ = self._forward(jnp.asarray(ids), jnp.asarray(mask))
+    out, _, _ = self._forward(device_array(ids), device_array(mask))
     return np.asarray(out)
 
   def apply_batch(self, inputs_batch: Sequence[Sequence[Any]], chunk: int = 512) -> List[list]:
@@ -220,7 +221,7 @@ class CompiledModel:
     """Per-sublayer residuals and per-layer attention maps of one input (BOS at row 0)."""
     xs, _ = self._split_bos(inputs)
     ids, mask = self._encode([xs])
-    _, residuals, maps = self._forward(jnp.asarray(ids), jnp.asarray(mask))
+    _, residuals, maps = self._forward(device_array(ids), device_array(mask))
     n = len(xs) + 1
     return Trace(residuals=[np.asarray(r[0, :n]) for r in residuals],
                  attention=[None if m is None else np.asarray(m[0, :, :n, :n]) for m in maps],

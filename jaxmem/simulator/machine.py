@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmem.arrays import device_array
 from jaxmem.kernels.ahat import ahat_attention
 
 __all__ = [
@@ -222,7 +223,7 @@ class Program:
         reads = _slots_touched(layout, np.any(arrs["wq"] != 0, 1) | np.any(arrs["wk"] != 0, 1)
                                | np.any(arrs["wv"] != 0, 1))
         writes = _slots_touched(layout, np.any(arrs["wo"] != 0, 0))
-        self.weights[layer.name] = {k: jnp.asarray(v) for k, v in arrs.items()}
+        self.weights[layer.name] = {k: device_array(v) for k, v in arrs.items()}
         infos.append(LayerInfo(layer.name, "ahat", layer.num_heads, layer.key_dim, layer.value_dim,
                                reads, writes, layer.computes))
       elif isinstance(layer, PositionwiseLayer):
@@ -239,7 +240,7 @@ class Program:
       seen_out.update(writes)
       written.update(writes)
     self.infos = tuple(infos)
-    self._forward = jax.jit(self._forward_impl)
+    self._forward = jax.jit(self._forward_single_or_batch, static_argnames="single")
 
   # -- sizes ---------------------------------------------------------------------------------
   @property
@@ -272,7 +273,7 @@ class Program:
         parts.append(xp.reshape(xp.asarray(inputs[s.name], xp.float32), shape[:-1] + (s.size,)))
       else:
         parts.append(xp.zeros(shape[:-1] + (s.size,), xp.float32))
-    return jnp.asarray(xp.concatenate(parts, axis=-1))
+    return device_array(xp.concatenate(parts, axis=-1))
 
   def read(self, seq: jax.Array, name: str) -> jax.Array:
     return seq[..., self.layout.slice(name)]
@@ -282,13 +283,15 @@ class Program:
     ``[P]``; True = a real position) pads: padded positions are invisible to every AHAT head
     (the kernel's ``mask_BS``) and are reset to zero after each layer, so the real positions'
     result is that of the unpadded sequence."""
-    seq = jnp.asarray(seq, jnp.float32)
+    seq = device_array(seq, jnp.float32)
     w = self.weights if weights is None else weights
-    single = seq.ndim == 2
-    if single:
-      seq = seq[None]
-      mask = None if mask is None else jnp.asarray(mask)[None]
-    out = self._forward(w, seq, None if mask is None else jnp.asarray(mask, bool))
+    mask = None if mask is None else device_array(mask, bool)
+    return self._forward(w, seq, mask, single=seq.ndim == 2)
+
+  def _forward_single_or_batch(self, weights, x, mask, single: bool):
+    if single:   # one sequence [P, width]: a batch of one inside the compiled program
+      x, mask = x[None], None if mask is None else mask[None]
+    out = self._forward_impl(weights, x, mask)
     return out[0] if single else out
 
   def _forward_impl(self, weights, x, mask=None):

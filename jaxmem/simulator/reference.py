@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmem.arrays import device_array
+
 __all__ = [
     "AttentionParams", "EncoderParams", "attention_layer", "attention_layer_numpy", "check_attention_params",
     "check_encoder_params", "check_finite_array", "check_matrix", "encoder_layer", "encoder_layer_numpy",
@@ -129,7 +131,7 @@ def _check_x(X, D: int, name: str = "X") -> int:
 
 
 def _f32(x) -> jax.Array:
-  return jnp.asarray(x, jnp.float32)
+  return device_array(x, jnp.float32)
 
 
 @jax.jit

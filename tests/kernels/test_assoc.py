@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxmem.arrays import device_array
 from jaxmem.kernels import assoc
 from jaxmem.kernels.assoc import associative_memory, init, step
 
@@ -73,7 +74,7 @@ def make_inputs(B, T, H, Dk, Dv, seed=0, dtype=np.float32, with_state=True):
   beta = r.uniform(0.1, 1.5, size=(B, T, H))
   decay = r.uniform(0.6, 1.0, size=(B, T, H))
   S0 = 0.3 * r.normal(size=(B, H, Dv, Dk)) if with_state else None
-  cast = lambda x: None if x is None else jnp.asarray(x, dtype)
+  cast = lambda x: None if x is None else device_array(x, dtype)
   return tuple(cast(x) for x in (q, k, v, beta, decay, S0))
 
 

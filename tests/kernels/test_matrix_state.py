@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxmem.arrays import device_array
 from jaxmem.kernels import matrix_state as ms
 from jaxmem.kernels.assoc import associative_memory, auto_forward_mode
 from jaxmem.kernels.matrix_state import init, matrix_state, max_singular_value, spectral_normalize, step
@@ -66,7 +67,7 @@ def make_inputs(B, T, H, S, variant="mix_BTH", seed=0, dtype=np.float32, scale=0
     mix = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
   d = None if mix is None else d
   S0 = 0.3 * r.normal(size=(B, H, S, S))
-  cast = lambda x: None if x is None else jnp.asarray(x, dtype)
+  cast = lambda x: None if x is None else device_array(x, dtype)
   return tuple(cast(x) for x in (q, k, v, log_rho, d, mix, S0))
 
 

@@ -221,9 +221,9 @@ def test_slot_memory_matches_python_simulator(seed, B, T, N, D, V, top_k, vocab)
   for b, mem in enumerate(mems):
     want = mem.as_arrays()
     for field in ("ids", "age", "used"):
-      np.testing.assert_array_equal(getattr(final, field)[b], want[field], err_msg=field)
+      np.testing.assert_array_equal(np.asarray(getattr(final, field))[b], want[field], err_msg=field)
     for field in ("keys", "values", "strength"):
-      np.testing.assert_allclose(getattr(final, field)[b], want[field], atol=2e-5, err_msg=field)
+      np.testing.assert_allclose(np.asarray(getattr(final, field))[b], want[field], atol=2e-5, err_msg=field)
 
 
 def test_gradients_match_finite_differences_of_the_simulator():
@@ -268,7 +268,8 @@ def test_read_sees_only_earlier_writes():
   for t in (0, 6):
     context_cot = np.zeros((STD["B"], STD["T"], STD["V"]))
     context_cot[:, t] = cot  # the gradient of ⟨cot, context[:, t]⟩
-    _, (gq, gk, gv, gg) = std_vjp(q, k, v, x, gate, std_cotangent(context=context_cot))
+    _, grads = std_vjp(q, k, v, x, gate, std_cotangent(context=context_cot))
+    gq, gk, gv, gg = (np.asarray(g) for g in grads)
     assert not any(np.any(a[:, s:]) for a, s in ((gq, t + 1), (gk, t), (gv, t), (gg, t)))
     assert t == 0 or all(np.any(a[:, :t]) for a in (gk, gv, gg)) and np.any(gq[:, t])
 
@@ -442,7 +443,7 @@ def test_jit_and_vmap():
   for h, case in enumerate(cases):
     eager = std_memory(*case)
     for a, b in zip(mapped, eager, strict=True):
-      np.testing.assert_allclose(a[h], b, atol=1e-6)
+      np.testing.assert_allclose(np.asarray(a)[h], b, atol=1e-6)
   with chex_traces(f):
     f(*stacked)
 
@@ -532,6 +533,6 @@ def test_cos_scale_weights_the_cosine_against_log_strength():
     score = np.array([s * 0.0 + np.log(3.0), s * 1.0 + np.log(1.0)])   # cos(e1, e0) = 0, cos(e1, e1) = 1
     w = np.exp(8 * (score - score.max()))  # HAND's temperature: the default 8
     w /= w.sum()
-    np.testing.assert_allclose(np.asarray(r.pointer[0, 4, [3, 4]]), w, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(r.pointer)[0, 4, [3, 4]], w, rtol=1e-4)
   with pytest.raises(ValueError, match="cos_scale"):
     run(keys, cos_scale=0.0)

@@ -278,10 +278,11 @@ def test_pointer_fusion_puts_mass_only_on_ids_seen_before_t():
   for m, b in ((on, 5.0), (off, -80.0)):   # softplus(5) ≈ 5, softplus(−80) = 0 (to float32)
     m.pointer_gate.kernel[...] = jnp.zeros_like(m.pointer_gate.kernel[...])
     m.pointer_gate.bias[...] = jnp.full_like(m.pointer_gate.bias[...], b)
-  x = jnp.asarray([[3, 4, 3, 5, 1, 3, 4, 2, 0, 5, 3]])
-  diff = np.asarray(forward(on, x) - forward(off, x))[0]             # softplus(5) · pointer
+  x = np.asarray([[3, 4, 3, 5, 1, 3, 4, 2, 0, 5, 3]], np.int32)
+  diff = np.asarray(forward(on, x)) - np.asarray(forward(off, x))   # softplus(5) · pointer
+  diff = diff[0]
   for t in range(x.shape[1]):
-    seen = set(np.asarray(x[0, :t]).tolist())
+    seen = set(x[0, :t].tolist())
     mass = diff[t]
     assert np.all(np.abs(mass[[v for v in range(V) if v not in seen]]) < 1e-5), t
     if seen:   # the read weights sum to 1 over the kept slots: total mass softplus(5)

@@ -26,12 +26,12 @@ import math
 import random
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from jaxmem import rasp
+from jaxmem.arrays import device_array
 from jaxmem.rasp import conformance
 
 C = rasp.Comparison
@@ -178,7 +178,7 @@ def _run(name):
   bos, maps = [], []
   for s in range(0, len(padded), chunk):
     ids, mask = model._encode(padded[s: s + chunk])
-    _, residuals, attn = model._forward(jnp.asarray(ids), jnp.asarray(mask))
+    _, residuals, attn = model._forward(device_array(ids), device_array(mask))
     bos.append(np.stack([np.asarray(r)[:, 0] for r in residuals], 1))
     maps.append(None if attn[-1] is None else np.asarray(attn[-1]))
   bos = np.concatenate(bos)[: len(inputs)]

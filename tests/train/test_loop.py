@@ -11,7 +11,7 @@ from flax import nnx
 from jaxmem.data import load_corpus
 from jaxmem.train import NonFiniteLossError, TrainConfig, TrainTask, read_metrics, train, train_lm
 from jaxmem.train.checkpoint import Checkpointer
-from tests.conftest import tiny_lm_config
+from tests.conftest import CompileCounter, tiny_lm_config
 
 
 def params_of(model):
@@ -204,30 +204,6 @@ def _counting_mse(model, batch):
   return _mse(model, batch)
 
 
-class _CompileCounter:
-  """Counts XLA compilations while active: backend compiles, and programs read back from the persistent
-  compilation cache (tests/conftest.py turns it on; a hit skips the backend compile)."""
-
-  COMPILED = "/jax/core/compile/backend_compile_duration"
-  CACHE_HIT = "/jax/compilation_cache/cache_hits"
-
-  def __enter__(self):
-    self.n = 0
-    jax.monitoring.register_event_duration_secs_listener(self._compiled)
-    jax.monitoring.register_event_listener(self._hit)
-    return self
-
-  def _compiled(self, event, duration, **_):
-    self.n += event == self.COMPILED
-
-  def _hit(self, event, **_):
-    self.n += event == self.CACHE_HIT
-
-  def __exit__(self, *exc):
-    jax.monitoring.unregister_event_duration_listener(self._compiled)
-    jax.monitoring.unregister_event_listener(self._hit)
-
-
 def test_a_second_identical_run_compiles_nothing(tmp_path):
   """train() keeps its jitted step per (model structure, loss, optimizer config, layout): another seed, a
   resumed run and a rerun of the same config trace and compile nothing (jit caches per function object, so a
@@ -238,7 +214,7 @@ def test_a_second_identical_run_compiles_nothing(tmp_path):
   _TRACES.clear()
   first = train(task(), cfg, tmp_path / "a", progress=False)
   assert len(_TRACES) == 1
-  with _CompileCounter() as compiles:
+  with CompileCounter() as compiles:
     other_seed = train(task(), dataclasses.replace(cfg, seed=1), tmp_path / "b", progress=False)
     train(task(), cfg, tmp_path / "c", stop_after=2, progress=False)
     resumed = train(task(), cfg, tmp_path / "c", progress=False)

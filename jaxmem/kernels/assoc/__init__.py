@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmem._checks import check_choice, check_equal, check_positive_int, check_rank, shape_of
+from jaxmem.arrays import device_array
 from jaxmem.kernels.assoc.chunked import chunked, chunked_head, unit_lower_inverse
 from jaxmem.kernels.assoc.common import DECAY_RULES, ERASE_RULES, MODES, RULES, acc_dtype
 from jaxmem.kernels.assoc.parallel import parallel_head
@@ -125,15 +126,26 @@ def auto_forward_mode(platform: Optional[str] = None) -> str:
 
 
 @functools.partial(jax.jit, static_argnames=("rule", "mode", "chunk_size", "normalize_keys", "dot"))
-def _forward(q, k, v, beta, logg, S0, *, rule, mode, chunk_size, normalize_keys, dot):
-  acc = jnp.promote_types(acc_dtype(q, k, v), S0.dtype)  # as step(): a float64 state stays float64
-  q, k, v, beta, S0 = (x.astype(acc) for x in (q, k, v, beta, S0))
-  logg = logg.astype(acc) if logg is not None else None
+def _forward(q, k, v, beta, decay, log_decay, S0, *, rule, mode, chunk_size, normalize_keys, dot):
+  """The whole computation of :func:`associative_memory` after its checks, in one compiled program
+  (defaults, broadcasts and casts included: outside ``jit`` each would compile a program of its own)."""
+  B, T, H, Dk = q.shape
+  Dv = v.shape[-1]
+  acc = acc_dtype(q, k, v)
+  if S0 is not None:
+    acc = jnp.promote_types(acc, S0.dtype)  # as step(): a float64 state stays float64
+  o_dtype, S_dtype = v.dtype, acc if S0 is None else S0.dtype
+  beta = jnp.ones((B, T, H), acc) if beta is None else jnp.broadcast_to(beta.astype(acc), (B, T, H))
+  logg = _log_decay(decay, log_decay, acc, (B, T, H))
+  S0 = jnp.zeros((B, H, Dv, Dk), acc) if S0 is None else S0
+  q, k, v, S0 = (x.astype(acc) for x in (q, k, v, S0))
   if normalize_keys:
     k = l2_normalize(k)
   if mode == "auto":
-    return _auto(rule, auto_forward_mode(), chunk_size, dot, q, k, v, beta, logg, S0)
-  return _run(rule, mode, chunk_size, dot, q, k, v, beta, logg, S0)
+    o, S = _auto(rule, auto_forward_mode(), chunk_size, dot, q, k, v, beta, logg, S0)
+  else:
+    o, S = _run(rule, mode, chunk_size, dot, q, k, v, beta, logg, S0)
+  return o.astype(o_dtype), S.astype(S_dtype)
 
 
 # ----------------------------------------------------------------------------------------
@@ -146,7 +158,7 @@ def _is_concrete(x) -> bool:
 
 def _as_array(x):
   """Lists and Python numbers become arrays (so a list is not mistaken for a scalar)."""
-  return x if x is None or isinstance(x, jax.Array) else jnp.asarray(x)
+  return x if x is None or isinstance(x, jax.Array) else device_array(x)
 
 
 def _check_shape(name: str, x, want: tuple, layout: str):
@@ -335,17 +347,9 @@ def associative_memory(
       )
   _check_stability(rule, beta, k, v, normalize_keys)
 
-  acc = acc_dtype(q, k, v)
-  if initial_state is not None:
-    acc = jnp.promote_types(acc, jnp.result_type(initial_state))
-  beta_BTH = jnp.ones((B, T, H), acc) if beta is None else jnp.broadcast_to(beta.astype(acc), (B, T, H))
-  logg_BTH = _log_decay(decay, log_decay, acc, (B, T, H))
-  S0 = jnp.zeros((B, H, Dv, Dk), acc) if initial_state is None else jnp.asarray(initial_state)
-  o, S = _forward(q, k, v, beta_BTH, logg_BTH, S0, rule=rule, mode=mode, chunk_size=chunk_size,
+  S0 = None if initial_state is None else _as_array(initial_state)
+  o, S = _forward(q, k, v, beta, decay, log_decay, S0, rule=rule, mode=mode, chunk_size=chunk_size,
                   normalize_keys=bool(normalize_keys), dot=dot)
-  o = o.astype(v.dtype)
-  if initial_state is not None:
-    S = S.astype(S0.dtype)
   return (o, S) if return_state else o
 
 
