@@ -72,7 +72,7 @@ def isolated_data_env(tmp_path, monkeypatch):
 
 class CompileCounter:
   """Counts XLA compilations while active: backend compiles, and programs read back from the persistent
-  compilation cache (tests/conftest.py turns it on; a hit skips the backend compile)."""
+  compilation cache (this file turns it on for the session; a hit skips the backend compile)."""
 
   COMPILED = "/jax/core/compile/backend_compile_duration"
   CACHE_HIT = "/jax/compilation_cache/cache_hits"
