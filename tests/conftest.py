@@ -71,23 +71,28 @@ def isolated_data_env(tmp_path, monkeypatch):
 
 
 class CompileCounter:
-  """Counts XLA compilations while active: backend compiles, and programs read back from the persistent
-  compilation cache (this file turns it on for the session; a hit skips the backend compile)."""
+  """Counts the XLA programs a block compiles or reads back from the persistent compilation cache
+  (this file turns it on for the session), each once: JAX 0.10 reports a cache hit both as a hit and
+  as a backend compile, so a compile event right after a hit is not counted again."""
 
   COMPILED = "/jax/core/compile/backend_compile_duration"
   CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
   def __enter__(self):
-    self.n = 0
+    self.n, self._after_hit = 0, False
     jax.monitoring.register_event_duration_secs_listener(self._compiled)
     jax.monitoring.register_event_listener(self._hit)
     return self
 
   def _compiled(self, event, duration, **_):
-    self.n += event == self.COMPILED
+    if event == self.COMPILED:
+      self.n += not self._after_hit
+      self._after_hit = False
 
   def _hit(self, event, **_):
-    self.n += event == self.CACHE_HIT
+    if event == self.CACHE_HIT:
+      self.n += 1
+      self._after_hit = True
 
   def __exit__(self, *exc):
     jax.monitoring.unregister_event_duration_listener(self._compiled)
