@@ -34,13 +34,20 @@ WRITE (``write``), nothing at all when ``g_t <= 0`` (a boolean gate False is 0):
     best = argmax_{used n} cos(k_t, key_n)            (ties: lowest index)
     merge  if some slot is used and cos(k_t, key_best) > threshold (strictly):
         s = strength_best;  key ← (s·key + g·k_t)/(s + g);  value ← (s·value + g·u_t)/(s + g)
-        strength ← s + g;   id ← x_t (the latest id wins);   age ← 0
+        strength ← s + g (``strength_update="accumulate"``) or g (``"gate"``);
+        id ← x_t (the latest id wins);   age ← 0
     else fill the lowest-index empty slot, if any, or else evict the oldest used slot
     (largest age; ties: lowest index) and fill it the same way:
         key ← k_t;  value ← u_t;  id ← x_t;  strength ← g;  age ← 0;  used ← True
 
-The merge (*) is a strength-weighted running mean, so a slot merged ``n`` times with
-``g = 1`` holds the mean of its ``n + 1`` keys and values and strength ``n + 1``. Ageing
+The merge (*) is a strength-weighted running mean, so with ``strength_update="accumulate"``
+(the default) a slot merged ``n`` times with ``g = 1`` holds the mean of its ``n + 1`` keys and
+values and strength ``n + 1``. The paper does not say how a merge changes the strength (*). With
+accumulation a slot written often (a filler token) outscores every other slot by ``log`` of its
+count, while the cosine moves the paper's score ``cos/sqrt(D)`` by at most ``2/sqrt(D)``: a query
+cannot reach a slot written once. ``strength_update="gate"`` keeps the strength at the last write's
+gate (1 without a write gate), so the read ranks slots by cosine; the merge is then the
+gate-weighted mean of the slot's key and value and the new ones. Ageing
 (*): every step, written or not, every used slot except the one written this step ages
 by 1; so ``age`` counts the steps since the slot was last filled or merged, and two slots
 never share an age unless an ``initial_state`` gives them one.
@@ -62,10 +69,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem._checks import check_equal, check_finite_number, check_positive_int, check_rank, shape_of
+from jaxmem._checks import (
+  check_choice,
+  check_equal,
+  check_finite_number,
+  check_positive_int,
+  check_rank,
+  shape_of,
+)
 
 COS_EPS = 1e-6          # added to squared norms in the cosine
 STRENGTH_FLOOR = 1e-30  # log(max(strength, floor)) in the read score
+STRENGTH_UPDATES = ("accumulate", "gate")  # a merged slot's strength: s + g, or g (module docstring)
 
 
 class SlotState(NamedTuple):
@@ -133,7 +148,8 @@ def _read(state: SlotState, query_BD, top_k: int, temperature: float, cos_scale:
   return context_BV, w_BN
 
 
-def _write(state: SlotState, key_BD, value_BV, id_B, gate_B, threshold: float) -> SlotState:
+def _write(state: SlotState, key_BD, value_BV, id_B, gate_B, threshold: float,
+           strength_update: str = "accumulate") -> SlotState:
   N = state.keys.shape[1]
   used_BN = state.used
   slot_1N = jnp.arange(N)[None, :]
@@ -156,7 +172,7 @@ def _write(state: SlotState, key_BD, value_BV, id_B, gate_B, threshold: float) -
   key_BD_new = jnp.where(merge_B1, mean(pick_rows(state.keys), key_BD), key_BD.astype(jnp.float32))
   value_BV_new = jnp.where(merge_B1, mean(pick_rows(state.values), value_BV),
                            value_BV.astype(jnp.float32))
-  strength_B1 = jnp.where(merge_B1, s_B1 + g_B1, g_B1)
+  strength_B1 = jnp.where(merge_B1, s_B1 + g_B1, g_B1) if strength_update == "accumulate" else g_B1
 
   put_rows = lambda new_BX, old_BNX: jnp.where(sel_BN[:, :, None], new_BX[:, None, :].astype(old_BNX.dtype),
                                                old_BNX)
@@ -171,18 +187,18 @@ def _write(state: SlotState, key_BD, value_BV, id_B, gate_B, threshold: float) -
 
 # jitted entry points (the options are static) so that eager calls reuse one compilation
 _read_jit = jax.jit(_read, static_argnums=(2, 3))
-_write_jit = jax.jit(_write, static_argnums=(5,))
+_write_jit = jax.jit(_write, static_argnums=(5, 6))
 
 
-@functools.partial(jax.jit, static_argnums=(6, 7, 8, 9, 10))
+@functools.partial(jax.jit, static_argnums=(6, 7, 8, 9, 10, 11))
 def _scan(state, queries_BTD, keys_BTD, values_BTV, ids_BT, gate_BT, top_k, threshold, temperature,
-          vocab_size, cos_scale=None):
+          vocab_size, cos_scale=None, strength_update="accumulate"):
   time_major = lambda x: jnp.swapaxes(x, 0, 1)
 
   def one_token(state, inputs):
     q_BD, k_BD, v_BV, x_B, g_B = inputs
     context_BV, w_BN = _read(state, q_BD, top_k, temperature, cos_scale)
-    return _write(state, k_BD, v_BV, x_B, g_B, threshold), (context_BV, w_BN, state.ids)
+    return _write(state, k_BD, v_BV, x_B, g_B, threshold, strength_update), (context_BV, w_BN, state.ids)
 
   xs = tuple(map(time_major, (queries_BTD, keys_BTD, values_BTV, ids_BT, gate_BT)))
   final, (context_TBV, w_TBN, ids_TBN) = jax.lax.scan(one_token, state, xs)
@@ -313,7 +329,8 @@ def read(state: SlotState, query_BD, *, top_k: int = 4, temperature: float = 8.0
   return context_BV.astype(state.values.dtype), w_BN
 
 
-def write(state: SlotState, key_BD, value_BV, id_B, *, gate_B=None, threshold: float = 0.85) -> SlotState:
+def write(state: SlotState, key_BD, value_BV, id_B, *, gate_B=None, threshold: float = 0.85,
+          strength_update: str = "accumulate") -> SlotState:
   """Merge / fill / evict write of one token per batch element (module docstring, WRITE).
 
   Args:
@@ -323,6 +340,8 @@ def write(state: SlotState, key_BD, value_BV, id_B, *, gate_B=None, threshold: f
     gate_B: ``[B]`` write gate in ``[0, 1]`` (float or bool); None writes with ``g = 1``.
       ``g <= 0`` writes nothing (the used slots still age).
     threshold: merge when the best cosine with a used key is strictly above it.
+    strength_update: a merged slot's strength: ``"accumulate"`` (``s + g``) or ``"gate"`` (``g``);
+      module docstring, WRITE.
 
   Returns:
     the new :class:`SlotState`.
@@ -340,19 +359,21 @@ def write(state: SlotState, key_BD, value_BV, id_B, *, gate_B=None, threshold: f
   if gate_B is not None:
     _check_gate("gate_B", gate_B, (B,))
   threshold, _ = _check_options(threshold=threshold)
+  check_choice("strength_update", strength_update, STRENGTH_UPDATES)
   gate_B = jnp.ones((B,), jnp.float32) if gate_B is None else jnp.asarray(gate_B, jnp.float32)
-  return _write_jit(state, key_BD, value_BV, id_B, gate_B, threshold)
+  return _write_jit(state, key_BD, value_BV, id_B, gate_B, threshold, strength_update)
 
 
 def step(state: SlotState, query_BD, key_BD, value_BV, id_B, *, gate_B=None, top_k: int = 4,
-         threshold: float = 0.85, temperature: float = 8.0):
+         threshold: float = 0.85, temperature: float = 8.0, strength_update: str = "accumulate"):
   """One token: :func:`read` with ``query_BD``, then :func:`write`.
 
   Returns:
     ``(new_state, (context_BV, weights_BN))``.
   """
   out = read(state, query_BD, top_k=top_k, temperature=temperature)
-  return write(state, key_BD, value_BV, id_B, gate_B=gate_B, threshold=threshold), out
+  return write(state, key_BD, value_BV, id_B, gate_B=gate_B, threshold=threshold,
+               strength_update=strength_update), out
 
 
 def pointer_logits(weights_BN, ids_BN, vocab_size: int):
@@ -386,7 +407,8 @@ def pointer_logits(weights_BN, ids_BN, vocab_size: int):
 def slot_memory(queries_BTD, keys_BTD, values_BTV, ids_BT, *, n_slots: int, top_k: int = 4,
                 threshold: float = 0.85, temperature: float = 8.0, write_gate_BT=None,
                 vocab_size: Optional[int] = None, initial_state: Optional[SlotState] = None,
-                return_state: bool = False, cos_scale: Optional[float] = None):
+                return_state: bool = False, cos_scale: Optional[float] = None,
+                strength_update: str = "accumulate"):
   """The slot memory run over a sequence: per token a read, then a write (``lax.scan``).
 
   Args:
@@ -406,6 +428,8 @@ def slot_memory(queries_BTD, keys_BTD, values_BTV, ids_BT, *, n_slots: int, top_
     return_state: also return the final state.
     cos_scale: the cosine's weight in the score, ``score = cos_scale · cos + log(strength)``;
       None is the paper's ``1 / √D`` (finite and > 0 otherwise).
+    strength_update: a merged slot's strength, ``"accumulate"`` (``s + g``) or ``"gate"`` (``g``);
+      module docstring, WRITE.
 
   Returns:
     :class:`SlotReadout` (context in the dtype of ``values_BTV``), and with
@@ -435,6 +459,7 @@ def slot_memory(queries_BTD, keys_BTD, values_BTV, ids_BT, *, n_slots: int, top_
     check_positive_int("vocab_size", vocab_size)
   if cos_scale is not None:
     cos_scale = check_finite_number("cos_scale", cos_scale, positive=True)
+  check_choice("strength_update", strength_update, STRENGTH_UPDATES)
   _check_ids("ids_BT", ids_BT, vocab_size)
   if write_gate_BT is not None:
     _check_gate("write_gate_BT", write_gate_BT, (B, T))
@@ -447,5 +472,5 @@ def slot_memory(queries_BTD, keys_BTD, values_BTV, ids_BT, *, n_slots: int, top_
   gate_BT = (jnp.ones((B, T), jnp.float32) if write_gate_BT is None
              else jnp.asarray(write_gate_BT, jnp.float32))
   readout, final = _scan(initial_state, queries_BTD, keys_BTD, values_BTV, ids_BT, gate_BT,
-                         top_k, threshold, temperature, vocab_size, cos_scale)
+                         top_k, threshold, temperature, vocab_size, cos_scale, strength_update)
   return (readout, final) if return_state else readout

@@ -536,3 +536,38 @@ def test_cos_scale_weights_the_cosine_against_log_strength():
     np.testing.assert_allclose(np.asarray(r.pointer)[0, 4, [3, 4]], w, rtol=1e-4)
   with pytest.raises(ValueError, match="cos_scale"):
     run(keys, cos_scale=0.0)
+
+
+def test_a_slot_written_once_is_out_of_reach_when_strengths_accumulate_and_first_with_gate():
+  """The paper's score cos/√D + log(strength), D = 6, K = 2 of 3 slots. Writes: the answer key a
+  once, then fillers f0 and f1 twice each (merged). With accumulated strengths (2 for the fillers)
+  no query can keep the answer slot: against an orthogonal filler a query gains at most
+  (cos(q, a) − cos(q, f)) / √D ≤ √2/√6 = 0.58 < log 2 = 0.69. Checked with q = a and with the best
+  query against f0, (a − f0)/√2. With strength = the last gate (1 each) q = a reads the answer
+  slot first: weight e^{8/√6} / (e^{8/√6} + 1) = 0.963 over the kept pair."""
+  D, e = HAND["D"], np.eye(HAND["D"], dtype=np.float32)
+  a, f0, f1 = e[0], e[1], e[2]
+  keys = np.stack([a, f0, f0, f1, f1, a])[None]
+  gate = np.array([[1, 1, 1, 1, 1, 0]], np.float32)      # the last token only reads
+  ids = np.array([[1, 2, 2, 3, 3, 0]], np.int32)
+  best_vs_f0 = (a - f0) / np.sqrt(2.0)
+  for strength_update, want in (("accumulate", [1.0, 2.0, 2.0]), ("gate", [1.0, 1.0, 1.0])):
+    for q_last in (a, best_vs_f0):
+      q = keys.copy()
+      q[0, -1] = q_last
+      r, final = slot_memory(q, keys, np.ones((1, 6, 2), np.float32), ids, n_slots=3, top_k=2,
+                             write_gate_BT=gate, vocab_size=4, return_state=True,
+                             strength_update=strength_update)
+      answer_weight = float(np.asarray(r.pointer)[0, -1, 1])
+      np.testing.assert_allclose(np.asarray(final.strength)[0], want)
+      if strength_update == "accumulate":
+        assert answer_weight == 0.0, (strength_update, q_last, answer_weight)
+      elif q_last is a:
+        np.testing.assert_allclose(answer_weight, 1 / (1 + np.exp(-8 / np.sqrt(D))), rtol=1e-5)
+  one = slots.init(1, 2, D, 2)
+  one = slots.write(one, e[:1], np.ones((1, 2), np.float32), np.array([1]), strength_update="gate")
+  one = slots.write(one, e[:1], np.ones((1, 2), np.float32), np.array([1]), gate_B=np.array([0.5]),
+                    strength_update="gate")
+  np.testing.assert_allclose(np.asarray(one.strength)[0], [0.5, 0.0])   # merged: the last gate
+  with pytest.raises(ValueError, match="strength_update"):
+    slot_memory(keys, keys, np.ones((1, 6, 2), np.float32), ids, n_slots=3, top_k=2, strength_update="sum")

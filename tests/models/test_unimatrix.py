@@ -292,20 +292,22 @@ def test_pointer_fusion_puts_mass_only_on_ids_seen_before_t():
 
 
 @pytest.mark.slow
-def test_prev_token_slot_query_solves_the_papers_recall_by_construction_only_with_a_strong_cosine():
-  """Untrained SparsePointer with the slot query E[x_{t−1}] and a strong pointer vote: with the score
-  √d·cos + log(strength) the read at ANSWER finds the queried key's slot (100%); with the paper's
-  cos/√d + log(strength) the frequent filler slots outvote it."""
+def test_prev_token_slot_query_solves_the_papers_recall_by_construction_with_gate_strength_or_strong_cosine():
+  """Untrained SparsePointer with the slot query E[x_{t−1}] and a strong pointer vote. With the paper's
+  score cos/√d + log(strength) and accumulated strengths the frequent filler slots outvote the queried
+  key's slot (< 30%); with strength = the last write's gate (slot_strength="gate") the same score finds
+  it at ANSWER (100%), as does the score √d·cos + log(strength) with accumulated strengths."""
   from jaxmem.tasks.unimatrix import recall_batch
   b = recall_batch(jax.random.key(0), batch_size=32)
   acc = {}
-  for scale in (None, 8.0):
+  for scale, strength in ((None, "accumulate"), (8.0, "accumulate"), (None, "gate")):
     m = UniMatrixLM(UniMatrixConfig(variant="sparse_pointer", vocab_size=64, max_len=128, write_gate=False,
-                                    slot_query="prev_token", slot_cos_scale=scale), rngs=nnx.Rngs(0))
+                                    slot_query="prev_token", slot_cos_scale=scale, slot_strength=strength),
+                    rngs=nnx.Rngs(0))
     m.pointer_gate.bias[...] = jnp.full_like(m.pointer_gate.bias[...], 5.0)
     pred = np.asarray(forward(m, b.inputs))[:, -1].argmax(-1)
-    acc[scale] = float((pred == np.asarray(b.targets)[:, -1]).mean())
-  assert acc[8.0] == 1.0 and acc[None] < 0.3, acc
+    acc[scale, strength] = float((pred == np.asarray(b.targets)[:, -1]).mean())
+  assert acc[8.0, "accumulate"] == 1.0 and acc[None, "gate"] == 1.0 and acc[None, "accumulate"] < 0.3, acc
 
 
 # --- sizes ---------------------------------------------------------------------------------
@@ -367,6 +369,7 @@ def test_parameter_counts_at_the_papers_sizes():
     (dict(act_threshold=0.0), "act_threshold"),
     (dict(slot_query="key"), "slot_query must be one of"),
     (dict(slot_cos_scale=-1.0), "slot_cos_scale"),
+    (dict(slot_strength="sum"), "slot_strength must be one of"),
     (dict(act=True, carry_state=True), "carry_state"),
     (dict(deep_embed="yes"), "deep_embed must be a bool"),
     (dict(dropout=1.0), r"dropout must be a rate in \[0, 1\)"),

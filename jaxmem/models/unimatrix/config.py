@@ -26,6 +26,7 @@ from typing import Optional
 from jaxmem._checks import check_config_ints
 from jaxmem.kernels import matrix_state as ms
 from jaxmem.kernels.precision import PRECISIONS
+from jaxmem.kernels.slots import STRENGTH_UPDATES
 from jaxmem.models.mixers.matrix_state import UPDATES
 from jaxmem.models.remat import check_remat_policy
 
@@ -80,6 +81,9 @@ class UniMatrixConfig:
       "what followed the previous token before", an induction head by construction).
     slot_cos_scale: the cosine's weight in the slot score ``s · cos + log(strength)``; None is
       the paper's ``1 / √d_model`` (with which ``log(strength)`` dominates the score).
+    slot_strength: a merged slot's strength, ``"accumulate"`` (``s + g``: a slot written often
+      outscores every slot written once, whatever the query) or ``"gate"`` (the last write's
+      gate ``g``: the read ranks slots by cosine); :mod:`jaxmem.kernels.slots`, WRITE.
     act: Adaptive Computation Time over depth (Graves 2016; Universal Transformer,
       Dehghani et al. 2019): per position, halt once the summed halting probabilities
       reach ``act_threshold``; the output is the halting-weighted mix of the depth states.
@@ -125,6 +129,7 @@ class UniMatrixConfig:
   slot_temperature: float = 8.0
   slot_query: str = "hidden"
   slot_cos_scale: Optional[float] = None
+  slot_strength: str = "accumulate"
   act: bool = False
   act_threshold: float = 0.99
   remat: bool = False
@@ -167,6 +172,9 @@ class UniMatrixConfig:
     def number(x):
       return isinstance(x, (int, float)) and not isinstance(x, bool)
 
+    if self.slot_strength not in STRENGTH_UPDATES:
+      raise ValueError(f"UniMatrixConfig.slot_strength must be one of {list(STRENGTH_UPDATES)}, "
+                       f"got {self.slot_strength!r}.")
     if self.slot_query not in SLOT_QUERIES:
       raise ValueError(f"UniMatrixConfig.slot_query must be one of {list(SLOT_QUERIES)}, "
                        f"got {self.slot_query!r}.")

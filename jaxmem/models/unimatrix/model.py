@@ -308,7 +308,8 @@ class UniMatrixLM(nnx.Module):
     read = slot_kernel.slot_memory(
         query, keys, inp.rows(table), inp.ids, n_slots=cfg.n_slots,
         top_k=cfg.slot_top_k, threshold=cfg.slot_threshold, temperature=cfg.slot_temperature,
-        write_gate_BT=gate, vocab_size=cfg.vocab_size if cfg.pointer else None, cos_scale=cfg.slot_cos_scale)
+        write_gate_BT=gate, vocab_size=cfg.vocab_size if cfg.pointer else None, cos_scale=cfg.slot_cos_scale,
+        strength_update=cfg.slot_strength)
     h = h + jax.nn.sigmoid(self.slot_gate(z)) * _dropout(self.drop, self.slot_out(read.context), key, 0)
     pointer = None
     if self.pointer_gate is not None:
