@@ -43,9 +43,10 @@ WRITE (``write``), nothing at all when ``g_t <= 0`` (a boolean gate False is 0):
 The merge (*) is a strength-weighted running mean, so with ``strength_update="accumulate"``
 (the default) a slot merged ``n`` times with ``g = 1`` holds the mean of its ``n + 1`` keys and
 values and strength ``n + 1``. The paper does not say how a merge changes the strength (*). With
-accumulation a slot written often (a filler token) outscores every other slot by ``log`` of its
-count, while the cosine moves the paper's score ``cos/sqrt(D)`` by at most ``2/sqrt(D)``: a query
-cannot reach a slot written once. ``strength_update="gate"`` keeps the strength at the last write's
+accumulation a slot written ``n`` times (a filler token) gains ``log n`` over a slot written once,
+while the cosine moves the paper's score ``cos/sqrt(D)`` by at most ``2/sqrt(D)``: once enough
+slots have ``log n > 2/sqrt(D)`` (``n = 2`` for ``D >= 9``) no query keeps a once-written slot in
+the top K. ``strength_update="gate"`` keeps the strength at the last write's
 gate (1 without a write gate), so the read ranks slots by cosine; the merge is then the
 gate-weighted mean of the slot's key and value and the new ones. Ageing
 (*): every step, written or not, every used slot except the one written this step ages
