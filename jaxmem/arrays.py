@@ -32,6 +32,6 @@ def device_array(x: Any, dtype: Optional[Any] = None) -> jax.Array:
     return jnp.asarray(x, dtype)
   want = None if dtype is None else jax.dtypes.canonicalize_dtype(jnp.dtype(dtype))
   a = np.asarray(x, dtype=want)
-  if a is x or np.shares_memory(a, x):
+  if np.may_share_memory(a, x):
     a = a.copy()   # device_put may read the buffer after returning: the caller may write to x
   return jax.device_put(a)   # 64-bit host values become 32-bit unless x64, as in jnp.asarray

@@ -196,7 +196,7 @@ class CompiledModel:
   def residual(self, inputs_batch: Sequence[Sequence[Any]]) -> np.ndarray:
     """The final residual ``[B, N+1, d]`` (padded) for a batch of inputs without BOS."""
     ids, mask = self._encode(inputs_batch)
-    out, _, _ = self._forward(device_array(ids), device_array(mask))
+    out, _, _ = self._forward(ids, mask)
     return np.asarray(out)
 
   def apply_batch(self, inputs_batch: Sequence[Sequence[Any]], chunk: int = 512) -> List[list]:
@@ -221,7 +221,7 @@ class CompiledModel:
     """Per-sublayer residuals and per-layer attention maps of one input (BOS at row 0)."""
     xs, _ = self._split_bos(inputs)
     ids, mask = self._encode([xs])
-    _, residuals, maps = self._forward(device_array(ids), device_array(mask))
+    _, residuals, maps = self._forward(ids, mask)
     n = len(xs) + 1
     return Trace(residuals=[np.asarray(r[0, :n]) for r in residuals],
                  attention=[None if m is None else np.asarray(m[0, :, :n, :n]) for m in maps],
