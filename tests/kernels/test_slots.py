@@ -12,6 +12,7 @@ HAND for hand-made sequences), and the gradient checks share one module-level ji
 from __future__ import annotations
 
 import collections
+import functools
 import math
 
 import jax
@@ -67,7 +68,7 @@ class RefSlots:
         context = context + w[n] * s["value"]
     return w, context
 
-  def write(self, k, u, x, g, threshold):
+  def write(self, k, u, x, g, threshold, strength_update="accumulate"):
     written = None
     if g > 0:
       used = [n for n, s in enumerate(self.slots) if s is not None]
@@ -82,7 +83,8 @@ class RefSlots:
           st = s["strength"]
           s["key"] = (st * s["key"] + g * k) / (st + g)
           s["value"] = (st * s["value"] + g * u) / (st + g)
-          s["strength"], s["id"], s["age"] = st + g, x, 0
+          s["strength"] = st + g if strength_update == "accumulate" else g
+          s["id"], s["age"] = x, 0
           written = best
           self.events["merge"] += 1
       if written is None:
@@ -114,7 +116,7 @@ class RefSlots:
 
 
 def ref_slot_memory(q, k, v, x, gate, *, n_slots, top_k=4, threshold=0.85, temperature=8.0,
-                    vocab_size=None):
+                    vocab_size=None, strength_update="accumulate"):
   """float64 readout of the whole batch: dict of arrays, plus the memories."""
   B, T, _ = q.shape
   mems = [RefSlots(n_slots, k.shape[2], v.shape[2]) for _ in range(B)]
@@ -130,7 +132,7 @@ def ref_slot_memory(q, k, v, x, gate, *, n_slots, top_k=4, threshold=0.85, tempe
         for n, slot_id in enumerate(mem.ids()):
           if slot_id >= 0:
             out["pointer"][b, t, slot_id] += w[n]
-      mem.write(k[b, t], v[b, t], int(x[b, t]), float(gate[b, t]), threshold)
+      mem.write(k[b, t], v[b, t], int(x[b, t]), float(gate[b, t]), threshold, strength_update)
   return out, mems
 
 
@@ -175,12 +177,12 @@ def std_case(seed):
   return random_case(seed, STD["B"], STD["T"], STD["D"], STD["V"], STD["vocab"])
 
 
-@jax.jit
-def std_vjp(q, k, v, x, gate, cot):
+@functools.partial(jax.jit, static_argnames="strength_update")
+def std_vjp(q, k, v, x, gate, cot, strength_update="accumulate"):
   """STD's (context, pointer, final keys, final strength) and the cotangents of ⟨cot, them⟩ w.r.t.
   (queries, keys, values, gate)."""
   def f(q, k, v, gate):
-    out, fin = std_memory(q, k, v, x, gate, return_state=True)
+    out, fin = std_memory(q, k, v, x, gate, return_state=True, strength_update=strength_update)
     return out.context, out.pointer, fin.keys, fin.strength
   outs, pullback = jax.vjp(f, q, k, v, gate)
   return outs, pullback(cot)
@@ -199,21 +201,23 @@ def std_cotangent(context=None, pointer=None, keys=None, strength=None):
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("seed,B,T,N,D,V,top_k,vocab", [
-    (0, *STD.values()),
-    (0, 3, 17, 3, 3, 5, 3, 4),   # top_k == n_slots, odd D
-    (0, 2, 9, 1, 2, 1, 1, 3),    # a single slot
-    (0, 1, 31, 7, 8, 2, 4, 11),
+@pytest.mark.parametrize("seed,B,T,N,D,V,top_k,vocab,strength_update", [
+    (0, *STD.values(), "accumulate"),
+    (0, 3, 17, 3, 3, 5, 3, 4, "accumulate"),   # top_k == n_slots, odd D
+    (0, 2, 9, 1, 2, 1, 1, 3, "accumulate"),    # a single slot
+    (0, 1, 31, 7, 8, 2, 4, 11, "accumulate"),
+    (0, 3, 17, 3, 3, 5, 3, 4, "gate"),         # strength = the last write's gate
 ])
-def test_slot_memory_matches_python_simulator(seed, B, T, N, D, V, top_k, vocab):
+def test_slot_memory_matches_python_simulator(seed, B, T, N, D, V, top_k, vocab, strength_update):
   q, k, v, x, gate = random_case(seed, B, T, D, V, vocab)
-  ref, mems = ref_slot_memory(q, k, v, x, gate, n_slots=N, top_k=top_k, vocab_size=vocab)
+  ref, mems = ref_slot_memory(q, k, v, x, gate, n_slots=N, top_k=top_k, vocab_size=vocab,
+                              strength_update=strength_update)
   assert min(m for mem in mems for m in mem.margins) > 1e-4, "pick a seed away from ties"
   events = sum((mem.events for mem in mems), collections.Counter())
   assert all(events[e] > 0 for e in ("merge", "fill", "evict", "skip")), events
   out, final = slot_memory(*f32(q, k, v), np.asarray(x, np.int32), n_slots=N, top_k=top_k,
                            write_gate_BT=np.asarray(gate, np.float32), vocab_size=vocab,
-                           return_state=True)
+                           return_state=True, strength_update=strength_update)
   np.testing.assert_array_equal(out.ids, ref["ids"])
   np.testing.assert_allclose(out.weights, ref["weights"], atol=2e-5)
   np.testing.assert_allclose(out.context, ref["context"], atol=5e-5)
@@ -226,7 +230,8 @@ def test_slot_memory_matches_python_simulator(seed, B, T, N, D, V, top_k, vocab)
       np.testing.assert_allclose(np.asarray(getattr(final, field))[b], want[field], atol=2e-5, err_msg=field)
 
 
-def test_gradients_match_finite_differences_of_the_simulator():
+@pytest.mark.parametrize("strength_update", ["accumulate", "gate"])
+def test_gradients_match_finite_differences_of_the_simulator(strength_update):
   B, N, V, vocab, K = STD["B"], STD["N"], STD["V"], STD["vocab"], STD["top_k"]
   q, k, v, x, gate = std_case(2)
   rng = np.random.default_rng(8)
@@ -234,7 +239,8 @@ def test_gradients_match_finite_differences_of_the_simulator():
              keys=rng.normal(size=(B, N, STD["D"])), strength=rng.normal(size=(B, N)))
 
   def ref_loss(q, k, v, gate):
-    out, mems = ref_slot_memory(q, k, v, x, gate, n_slots=N, top_k=K, vocab_size=vocab)
+    out, mems = ref_slot_memory(q, k, v, x, gate, n_slots=N, top_k=K, vocab_size=vocab,
+                                strength_update=strength_update)
     fin = [m.as_arrays() for m in mems]
     return (np.sum(cot["context"] * out["context"]) + np.sum(cot["pointer"] * out["pointer"])
             + sum(np.sum(cot["keys"][b] * f["keys"]) + np.sum(cot["strength"][b] * f["strength"])
@@ -245,7 +251,8 @@ def test_gradients_match_finite_differences_of_the_simulator():
 
   # the cotangents of ⟨cot, outputs⟩: the gradient of the simulator's loss above
   args = (q, k, v, gate)
-  _, grads = std_vjp(*f32(q, k, v), x, np.asarray(gate, np.float32), std_cotangent(**cot))
+  _, grads = std_vjp(*f32(q, k, v), x, np.asarray(gate, np.float32), std_cotangent(**cot),
+                     strength_update=strength_update)
   h = 1e-6
   for i, name in enumerate(("queries", "keys", "values", "gate")):
     assert np.all(np.isfinite(grads[i]))
