@@ -2,19 +2,37 @@
 
 UniMatrix (Liu Xiao 2026, "Associative-State Universal Transformers", arXiv:2604.25930; jaxmem's
 summary: ``docs/papers/unimatrix.md``). Per head a square state ``S [S, S]`` (``[B, H, S, S]``
-batched), inputs ``q, k, v, d [B, T, H, S]``, gate ``ρ [B, T, H]`` (one scalar per head and token),
-mixture ``w = (w_o, w_d, w_s)`` (nonnegative, summing to 1; ``[H, 3]`` or ``[B, T, H, 3]``)::
+batched), inputs ``q, k, v, d [B, T, H, S]``, gate ``ρ [B, T, H]`` (one scalar per head and token)
+or ``[B, T, H, S]`` (one per state channel, below), mixture ``w = (w_o, w_d, w_s)`` (nonnegative,
+summing to 1; ``[H, 3]`` or ``[B, T, H, 3]``)::
 
     U_t = w_o · k_t v_tᵀ + w_d · Diag(d_t) + w_s · ½(k_t v_tᵀ + v_t k_tᵀ)
     S_t = ρ_t S_{t−1} + (1 − ρ_t) U_t           (then S_t ← S_t / max(1, σ_max(S_t)) if spectral_norm)
     o_t = S_t q_t                                (read after write)
+
+Per-channel retention (``ρ_t ∈ [0, 1]^S``) decays the state's *columns*, the index the read
+contracts with the query::
+
+    S_t = S_{t−1} Diag(ρ_t) + U_t Diag(1 − ρ_t),   i.e.   S_t[i, j] = ρ_tj S_{t−1}[i, j] + (1 − ρ_tj) U_t[i, j]
+
+Why columns: with ``S = k vᵀ`` and ``S q = k (v · q)`` the column index is the key side of the
+associative-memory view (keys ``v``, values ``k``), and a decay on the key side is Gated Linear
+Attention's (Yang et al. 2024, "Gated Linear Attention Transformers with Hardware-Efficient
+Training", arXiv:2312.06635: ``S_t = Diag(α_t) S_{t−1} + k_t v_tᵀ`` in its ``[d_k, d_v]`` layout,
+read ``S_tᵀ q_t``; ours is its transpose). Such a decay can be absorbed into the query and the keys,
+``o_t = S_0 Diag(G_t) q_t + Σ_{i≤t} U_i Diag(β_i ⊙ Γ_ti) q_t`` with ``β_i = 1 − ρ_i``,
+``Γ_ti = Π_{i<s≤t} ρ_s`` and ``G_t = Π_{s≤t} ρ_s`` taken per channel, so the chunked form stays
+query-key scores times values, and each query channel reads memories of its own time scale.
+Neither this nor a row decay keeps the symmetric update's state symmetric (``S Diag(ρ)`` is not;
+``Diag(√ρ) S Diag(√ρ)`` would be, a different model). ``ρ`` equal across channels is the
+per-head gate.
 
 UniMatrix-Core is ``w = (1, 0, 0)`` (``mix=None``); UniMatrix-Discovery uses all three terms and
 spectral normalisation. The paper's orientation is kept: ``S = k vᵀ``, so ``S q = k (v · q)``. The
 paper's text writes Core's update as the plain sum ``S_t = S_{t−1} + k vᵀ``; its released code uses
 the gated average above, which jaxmem follows.
 
-Reuse of the associative memory (:mod:`jaxmem.kernels.assoc`). Unrolled, with ``β_t = 1 − ρ_t``,
+Reuse of the associative memory (:mod:`jaxmem.kernels.assoc`), per-head gates. Unrolled, with ``β_t = 1 − ρ_t``,
 ``Γ_ti = Π_{i<s≤t} ρ_s`` and ``G_t = Π_{s≤t} ρ_s``::
 
     S_t = G_t S_0 + Σ_{i≤t} Γ_ti β_i U_i
@@ -40,6 +58,21 @@ runs the stacked memories in the associative memory's chunked form (Yang et al. 
 Linear Attention Transformers with Hardware-Efficient Training", arXiv:2312.06635): per chunk of
 rows ``Q, K, V`` with incoming state ``M_0`` (key × value layout), ``O = diag(G) Q M_0 +
 (Q Kᵀ ⊙ Γ) diag(β) V`` and a ``lax.scan`` carrying the state from chunk to chunk.
+With per-channel gates ``mode="chunked"`` is GLA's chunked form written for this state (one
+``S × S`` state, all update terms at once): per chunk of ``C`` rows (``t, i`` counted from its
+start) with log-decays ``ℓ_t = log ρ_t [S]`` and ``β_t = −expm1(ℓ_t)``, the chunk-local pairwise
+decays ``Γ_ti = exp(Σ_{i<s≤t} ℓ_s) [S]`` (``[C, C, S]``, 0 for ``i > t``; segment sums of
+:func:`jaxmem.kernels.segsum.segsum`: no cumulative sums subtracted, every exponent ``≤ 0``),
+``G_t = exp(Σ_{s≤t} ℓ_s)`` and ``E_i = exp(Σ_{i<s≤C} ℓ_s)``::
+
+    o_t = S_0 (G_t ⊙ q_t) + Σ_{i≤t} U_i (β_i ⊙ Γ_ti ⊙ q_t)
+        = S_0 (G_t ⊙ q_t) + Σ_{i≤t} [a_ti k_i + b_ti v_i] + (Σ_{i≤t} w_d,i β_i ⊙ Γ_ti ⊙ d_i) ⊙ q_t
+    a_ti = (w_o + w_s/2)_i Σ_j q_tj Γ_tij β_ij v_ij,   b_ti = (w_s/2)_i Σ_j q_tj Γ_tij β_ij k_ij
+    S_C = S_0 Diag(G_C) + Σ_i U_i Diag(β_i ⊙ E_i)
+
+(GLA's "secondary chunking" computes the same ``[C, C, S]`` scores in float32 for sub-chunks;
+at UniMatrix's ``S = 16`` one level suffices) with a ``lax.scan`` carrying ``S`` from chunk to
+chunk, each chunk's step rematerialised for the backward pass.
 ``mode="recurrent"`` is a ``lax.scan`` over tokens of the literal update above (all heads and
 batch elements at once). ``mode="auto"`` is ``recurrent`` with ``spectral_norm``; otherwise a
 ``jax.custom_jvp`` that runs the forward-fastest form when not differentiated
@@ -74,7 +107,12 @@ numpy loop of the equations above (Core and Discovery, both mixture shapes, odd 
 with an initial state); gradients of the two forms equal, and equal to finite differences of the
 float64 loop; :func:`step` over a sequence == the sequence form; spectral normalisation against
 exact ``σ_max`` (and ``σ_max(S_t) ≤ 1``); ``ρ ∈ {0, 1}``; Core == a direct call of the associative
-memory's ``decay`` rule.
+memory's ``decay`` rule. Per-channel gates (``test_per_channel_*``): recurrent == chunked == the
+float64 loop (its column-by-column update) for Core and Discovery's mix, ``B = 2``, ``T = 11`` with
+chunks of 4, ``S = 5``, an initial state, gates from near 0 to near 1 and exactly 0 and 1 in some
+channels; gradients of both forms equal and equal to finite differences; :func:`step` == the
+recurrent form == the loop with spectral normalisation; gates equal across channels == the per-head
+gate in both forms; the matmul precision carried by every product.
 """
 
 from __future__ import annotations
@@ -89,6 +127,7 @@ import numpy as np
 from jaxmem._checks import check_choice, check_equal, check_positive_int, check_rank, shape_of
 from jaxmem.arrays import device_array
 from jaxmem.kernels.assoc import associative_memory, auto_forward_mode, log_of_decay
+from jaxmem.kernels.assoc.common import decay_mask
 from jaxmem.kernels.precision import Matmul, matmul_for
 
 MODES = ("auto", "recurrent", "chunked")
@@ -153,8 +192,15 @@ def _diag(x_XS: jax.Array) -> jax.Array:
   return x_XS[..., :, None] * eye
 
 
+def _on_columns(g):
+  """A gate ``[B, H]`` (per head) or ``[B, H, S]`` (per channel: scales the state's columns) as
+  ``[B, H, 1, 1]`` or ``[B, H, 1, S]``."""
+  return g[..., None, None] if g.ndim == 2 else g[..., None, :]
+
+
 def _write(S_BHSS, k_BHS, v_BHS, rho_BH, beta_BH, w_BH3, d_BHS, spectral_norm: bool):
-  """``S_t = ρ S_{t−1} + (1 − ρ) U_t`` (then spectral normalisation); ``beta = 1 − ρ``."""
+  """``S_t = ρ S_{t−1} + (1 − ρ) U_t`` (then spectral normalisation); ``beta = 1 − ρ``; with
+  per-channel gates ``[B, H, S]``, ``S_{t−1} Diag(ρ) + U_t Diag(1 − ρ)``."""
   kv_BHSS = k_BHS[..., :, None] * v_BHS[..., None, :]  # k vᵀ: elementwise, exact
   if w_BH3 is None:
     U_BHSS = kv_BHSS
@@ -163,7 +209,7 @@ def _write(S_BHSS, k_BHS, v_BHS, rho_BH, beta_BH, w_BH3, d_BHS, spectral_norm: b
     U_BHSS = w_o * kv_BHSS + w_s * (0.5 * (kv_BHSS + jnp.swapaxes(kv_BHSS, -1, -2)))
     if d_BHS is not None:
       U_BHSS = U_BHSS + w_d * _diag(d_BHS)
-  S_BHSS = rho_BH[..., None, None] * S_BHSS + beta_BH[..., None, None] * U_BHSS
+  S_BHSS = _on_columns(rho_BH) * S_BHSS + _on_columns(beta_BH) * U_BHSS
   return _spectral_normalize(S_BHSS) if spectral_norm else S_BHSS
 
 
@@ -182,7 +228,10 @@ def _recurrent(q, k, v, rho, beta, w, d, S0, *, spectral_norm: bool, dot: Matmul
 
 
 def _chunked(q, k, v, beta, logr, w, d, S0, *, chunk_size: int, dot: Matmul):
-  """The three decaying associative memories of the module docstring, each in chunked form."""
+  """The three decaying associative memories of the module docstring, each in chunked form
+  (per-channel gates ``[B, T, H, S]``: :func:`_chunked_channel`)."""
+  if logr.ndim == 4:
+    return _chunked_channel(q, k, v, beta, logr, w, d, S0, chunk_size=chunk_size, dot=dot)
   memory = functools.partial(associative_memory, rule="decay", mode="chunked", chunk_size=chunk_size,
                              return_state=True, precision=dot.precision)
   if w is None:  # Core: A alone (key v, value k)
@@ -207,6 +256,56 @@ def _chunked(q, k, v, beta, logr, w, d, S0, *, chunk_size: int, dot: Matmul):
   return o_BTHS, S_BHSS
 
 
+def _chunked_channel(q, k, v, beta, logr, w, d, S0, *, chunk_size: int, dot: Matmul):
+  """Per-channel gates: GLA's chunked form on the one state ``S [B, H, S, S]`` (module docstring).
+
+  ``U_i Diag(β_i) = c_i k_i (β_i ⊙ v_i)ᵀ + c'_i v_i (β_i ⊙ k_i)ᵀ + Diag(w_d,i β_i ⊙ d_i)`` with
+  ``c = w_o + w_s/2``, ``c' = w_s/2`` (Core: ``c = 1``, no other term): the vectors ``a_v, a_k, a_d``
+  below are its column weights, the pairwise decays ``Γ [C, C, S]`` act on them per channel.
+  ``T`` is padded to whole chunks with ``log ρ = 0`` and zero writes, which leave ``S`` unchanged.
+  """
+  B, T, H, S = q.shape
+  X, C = B * H, min(chunk_size, T)
+  N = -(-T // C)
+  col = lambda c_BTH: c_BTH[..., None]
+  if w is None:
+    a_v, a_k, a_d = beta * v, None, None
+  else:
+    w_o, w_d, w_s = w[..., 0], w[..., 1], w[..., 2]
+    a_v, a_k = col(w_o + 0.5 * w_s) * beta * v, col(0.5 * w_s) * beta * k
+    a_d = None if d is None else col(w_d) * beta * d
+
+  def chunk_major(x):  # [B, T, H, S] -> [N, X, C, S], zero-padded to N·C rows
+    if x is None:
+      return None
+    x = jnp.pad(x, ((0, 0), (0, N * C - T), (0, 0), (0, 0)))
+    return jnp.transpose(x.reshape(B, N, C, H, S), (1, 0, 3, 2, 4)).reshape(N, X, C, S)
+
+  def step(S_XSS, xs):
+    q_XCS, k_XCS, v_XCS, av_XCS, ak_XCS, ad_XCS, logr_XCS = xs
+    # Γ_ti (0 for i > t), G_t, E_i = G_C / G_i, G_C per channel, from segment sums (exponents ≤ 0)
+    M_XSCC, G_XSC, E_XSC, Gend_XS = decay_mask(jnp.swapaxes(logr_XCS, -1, -2))
+    M_XCCS = jnp.moveaxis(M_XSCC, 1, -1)  # [X, t, i, S]
+    G_XCS, E_XCS = jnp.swapaxes(G_XSC, -1, -2), jnp.swapaxes(E_XSC, -1, -2)
+    o_XCS = dot.einsum("xij,xtj->xti", S_XSS, G_XCS * q_XCS)  # S_0 (G_t ⊙ q_t)
+    qM_XCCS = q_XCS[:, :, None, :] * M_XCCS  # q_tj Γ_tij, elementwise in the accumulation dtype
+    o_XCS = o_XCS + dot(dot.einsum("xtij,xij->xti", qM_XCCS, av_XCS), k_XCS)
+    S_XSS = S_XSS * Gend_XS[:, None, :] + dot.einsum("xir,xij->xrj", k_XCS, av_XCS * E_XCS)
+    if ak_XCS is not None:
+      o_XCS = o_XCS + dot(dot.einsum("xtij,xij->xti", qM_XCCS, ak_XCS), v_XCS)
+      S_XSS = S_XSS + dot.einsum("xir,xij->xrj", v_XCS, ak_XCS * E_XCS)
+    if ad_XCS is not None:
+      o_XCS = o_XCS + jnp.sum(M_XCCS * ad_XCS[:, None, :, :], axis=2) * q_XCS
+      S_XSS = S_XSS + _diag(jnp.sum(ad_XCS * E_XCS, axis=1))
+    return S_XSS, o_XCS
+
+  xs = tuple(chunk_major(x) for x in (q, k, v, a_v, a_k, a_d, logr))
+  # remat: the backward pass recomputes a chunk's [X, C, C, S] decays instead of storing every chunk's
+  S_XSS, o_NXCS = jax.lax.scan(jax.checkpoint(step, prevent_cse=False), S0.reshape(X, S, S), xs)
+  o_BTHS = jnp.transpose(o_NXCS.reshape(N, B, H, C, S), (1, 0, 3, 2, 4)).reshape(B, N * C, H, S)
+  return o_BTHS[:, :T], S_XSS.reshape(B, H, S, S)
+
+
 def _gates(rho, log_rho, acc, shape):
   """``(ρ, 1 − ρ, log ρ)`` broadcast to ``shape``, from whichever of rho / log_rho is given."""
   if log_rho is not None:
@@ -221,14 +320,15 @@ def _forward(q, k, v, rho, log_rho, d, mix, S0, *, mode, chunk_size, spectral_no
   acc = jnp.promote_types(_acc_dtype(q, k, v), S0.dtype)
   q, k, v, S0 = (x.astype(acc) for x in (q, k, v, S0))
   d = None if d is None else d.astype(acc)
-  B, T, H, _ = q.shape
-  rho_BTH, beta_BTH, logr_BTH = _gates(rho, log_rho, acc, (B, T, H))
+  B, T, H, S = q.shape
+  channel = jnp.ndim(rho if log_rho is None else log_rho) == 4  # else per head: [B, T, H] or a scalar
+  rho, beta, logr = _gates(rho, log_rho, acc, (B, T, H, S) if channel else (B, T, H))  # [B, T, H(, S)]
   w_BTH3 = None if mix is None else jnp.broadcast_to(mix.astype(acc), (B, T, H, 3))
   if mode == "recurrent":
-    return _recurrent(q, k, v, rho_BTH, beta_BTH, w_BTH3, d, S0, spectral_norm=spectral_norm, dot=dot)
+    return _recurrent(q, k, v, rho, beta, w_BTH3, d, S0, spectral_norm=spectral_norm, dot=dot)
   if mode == "auto":  # (spectral_norm resolved to "recurrent" before)
-    return _auto(auto_forward_mode(), chunk_size, dot, q, k, v, rho_BTH, beta_BTH, logr_BTH, w_BTH3, d, S0)
-  return _chunked(q, k, v, beta_BTH, logr_BTH, w_BTH3, d, S0, chunk_size=chunk_size, dot=dot)
+    return _auto(auto_forward_mode(), chunk_size, dot, q, k, v, rho, beta, logr, w_BTH3, d, S0)
+  return _chunked(q, k, v, beta, logr, w_BTH3, d, S0, chunk_size=chunk_size, dot=dot)
 
 
 def _by_mode(mode, chunk_size, dot, q, k, v, rho, beta, logr, w, d, S0):
@@ -262,16 +362,20 @@ def _as_array(x):
   return x if x is None or isinstance(x, jax.Array) else device_array(x)
 
 
-def _check_gate(rho, log_rho, names: tuple[str, str], want: tuple, layout: str) -> None:
-  """Exactly one of ρ / log ρ, of shape ``want`` (or a scalar), in range when concrete."""
+def _check_gate(rho, log_rho, names: tuple[str, str], wants: tuple[tuple, tuple],
+                layouts: tuple[str, str]) -> None:
+  """Exactly one of ρ / log ρ, a scalar or of one of the shapes ``wants`` (per head, per channel),
+  in range when concrete."""
   r_name, l_name = names
+  shapes = " or ".join(f"[{layout}] = {want}" for layout, want in zip(layouts, wants, strict=True))
   if (rho is None) == (log_rho is None):
     raise ValueError(f"pass exactly one of `{r_name}` (ρ in [0, 1]) or `{l_name}` (log ρ <= 0), "
-                     f"[{layout}] = {want} or a scalar; got {'both' if rho is not None else 'neither'}.")
+                     f"{shapes} or a scalar; got {'both' if rho is not None else 'neither'}.")
   name, x = (r_name, rho) if rho is not None else (l_name, log_rho)
   shape = shape_of(x)
-  if shape not in ((), want):
-    raise ValueError(f"`{name}` must be a scalar or have shape [{layout}] = {want}, got {shape}.")
+  if shape not in ((),) + tuple(wants):
+    raise ValueError(f"`{name}` must be a scalar or have shape {shapes} (one gate per head, or per head "
+                     f"and state channel), got {shape}.")
   if not _is_concrete(x):
     return
   a = np.asarray(x, np.float64)
@@ -347,8 +451,10 @@ def matrix_state(
     q: queries ``[B, T, H, S]``.
     k: keys ``[B, T, H, S]`` (the state's row side: ``S = k vᵀ``).
     v: values ``[B, T, H, S]``.
-    rho: gate ``ρ ∈ [0, 1]``, ``[B, T, H]`` or a scalar; or
-    log_rho: ``log ρ ∈ [−inf, 0]`` (preferred: ``jax.nn.log_sigmoid(z)``). Exactly one is required.
+    rho: gate ``ρ ∈ [0, 1]``, ``[B, T, H]`` (per head), ``[B, T, H, S]`` (per state channel:
+      ``S_t = S_{t−1} Diag(ρ_t) + U_t Diag(1 − ρ_t)``, module docstring) or a scalar; or
+    log_rho: ``log ρ ∈ [−inf, 0]`` of the same shapes (preferred: ``jax.nn.log_sigmoid(z)``).
+      Exactly one is required.
     d: diagonal-update inputs ``[B, T, H, S]``; required when ``mix`` gives the diagonal a
       nonzero weight (or is traced), rejected with ``mix=None``.
     mix: None (Core: outer update only) or mixture weights ``[H, 3]`` or ``[B, T, H, 3]`` in
@@ -387,7 +493,7 @@ def matrix_state(
   if T == 0:
     raise ValueError(f"`q` must have at least one time step, got shape {shape_of(q)}.")
   rho, log_rho, d, mix = (_as_array(x) for x in (rho, log_rho, d, mix))
-  _check_gate(rho, log_rho, ("rho", "log_rho"), (B, T, H), "B, T, H")
+  _check_gate(rho, log_rho, ("rho", "log_rho"), ((B, T, H), (B, T, H, S)), ("B, T, H", "B, T, H, S"))
   if d is not None and shape_of(d) != (B, T, H, S):
     raise ValueError(f"`d` must have shape [B, T, H, S] = {(B, T, H, S)}, got {shape_of(d)}.")
   _check_mix(mix, d, ("mix", "d"), ((H, 3), (B, T, H, 3)), ("H, 3", "B, T, H, 3"))
@@ -422,7 +528,8 @@ def step(state, q_t, k_t, v_t, rho_t=None, *, log_rho_t=None, d_t=None, mix_t=No
   Args:
     state: ``S_{t−1} [B, H, S, S]``.
     q_t, k_t, v_t: ``[B, H, S]``.
-    rho_t: ``ρ_t ∈ [0, 1]``, or log_rho_t: ``log ρ_t ≤ 0``; ``[B, H]`` or a scalar, exactly one.
+    rho_t: ``ρ_t ∈ [0, 1]``, or log_rho_t: ``log ρ_t ≤ 0``; ``[B, H]``, ``[B, H, S]`` (per channel)
+      or a scalar, exactly one.
     d_t: ``[B, H, S]``, required when ``mix_t`` weights the diagonal (as in :func:`matrix_state`).
     mix_t: None (Core) or weights ``[H, 3]`` or ``[B, H, 3]`` in ``(outer, diag, sym)`` order.
     spectral_norm, precision: as in :func:`matrix_state`.
@@ -443,14 +550,15 @@ def step(state, q_t, k_t, v_t, rho_t=None, *, log_rho_t=None, d_t=None, mix_t=No
   check_equal("numbers of heads", state=H, q_t=Hq, k_t=Hk, v_t=Hv)
   check_equal("state dims", state_rows=S, state_cols=S2, q_t=Sq, k_t=Sk, v_t=Sv)
   rho_t, log_rho_t, d_t, mix_t = (_as_array(x) for x in (rho_t, log_rho_t, d_t, mix_t))
-  _check_gate(rho_t, log_rho_t, ("rho_t", "log_rho_t"), (B, H), "B, H")
+  _check_gate(rho_t, log_rho_t, ("rho_t", "log_rho_t"), ((B, H), (B, H, S)), ("B, H", "B, H, S"))
   if d_t is not None and shape_of(d_t) != (B, H, S):
     raise ValueError(f"`d_t` must have shape [B, H, S] = {(B, H, S)}, got {shape_of(d_t)}.")
   _check_mix(mix_t, d_t, ("mix_t", "d_t"), ((H, 3), (B, H, 3)), ("H, 3", "B, H, 3"))
 
   acc = jnp.promote_types(_acc_dtype(q_t, k_t, v_t), state.dtype)
   q, k, v = (x.astype(acc) for x in (q_t, k_t, v_t))
-  rho_BH, beta_BH, _ = _gates(rho_t, log_rho_t, acc, (B, H))
+  gate_shape = (B, H, S) if jnp.ndim(rho_t if log_rho_t is None else log_rho_t) == 3 else (B, H)
+  rho_BH, beta_BH, _ = _gates(rho_t, log_rho_t, acc, gate_shape)  # [B, H] or [B, H, S]
   w_BH3 = None if mix_t is None else jnp.broadcast_to(mix_t.astype(acc), (B, H, 3))
   d = None if d_t is None else d_t.astype(acc)
   S_BHSS = _write(state.astype(acc), k, v, rho_BH, beta_BH, w_BH3, d, bool(spectral_norm))

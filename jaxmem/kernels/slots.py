@@ -40,16 +40,18 @@ WRITE (``write``), nothing at all when ``g_t <= 0`` (a boolean gate False is 0):
     (largest age; ties: lowest index) and fill it the same way:
         key ← k_t;  value ← u_t;  id ← x_t;  strength ← g;  age ← 0;  used ← True
 
-The merge (*) is a strength-weighted running mean, so with ``strength_update="accumulate"``
-(the default) a slot merged ``n`` times with ``g = 1`` holds the mean of its ``n + 1`` keys and
-values and strength ``n + 1``. The paper does not say how a merge changes the strength (*). With
-accumulation a slot written ``n`` times (a filler token) gains ``log n`` over a slot written once,
-while the cosine moves the paper's score ``cos/sqrt(D)`` by at most ``2/sqrt(D)``: once enough
-slots have ``log n > 2/sqrt(D)`` (``n = 2`` for ``D >= 9``) no query keeps a once-written slot in
-the top K. ``strength_update="gate"`` keeps the strength at the last write's
-gate (1 without a write gate), so the read ranks slots by cosine; the merge is then the
-gate-weighted mean of the slot's key and value and the new ones. Ageing
-(*): every step, written or not, every used slot except the one written this step ages
+The merge (*) is a strength-weighted running mean of the slot's key and value and the new ones.
+The paper does not say how a merge changes the strength (*). ``strength_update="gate"`` (the
+default) sets it to the last write's gate (1 without a write gate), so strengths do not grow with
+the number of writes and the read ranks slots by cosine, as the paper's score needs.
+``strength_update="accumulate"`` adds the gate, ``s + g``: a slot merged ``n`` times with
+``g = 1`` then holds the mean of its ``n + 1`` keys and values and strength ``n + 1``, and a slot
+written ``n`` times (a filler token) gains ``log n`` over a slot written once, while the cosine
+moves the paper's score ``cos/sqrt(D)`` by at most ``2/sqrt(D)``: once enough slots have
+``log n > 2/sqrt(D)`` (``n = 2`` for ``D >= 9``) no query keeps a once-written slot in the top K
+(``tests/kernels/test_slots.py``; on the paper's recall task the answer slot is then never read).
+
+Ageing (*): every step, written or not, every used slot except the one written this step ages
 by 1; so ``age`` counts the steps since the slot was last filled or merged, and two slots
 never share an age unless an ``initial_state`` gives them one.
 
@@ -150,7 +152,7 @@ def _read(state: SlotState, query_BD, top_k: int, temperature: float, cos_scale:
 
 
 def _write(state: SlotState, key_BD, value_BV, id_B, gate_B, threshold: float,
-           strength_update: str = "accumulate") -> SlotState:
+           strength_update: str = "gate") -> SlotState:
   N = state.keys.shape[1]
   used_BN = state.used
   slot_1N = jnp.arange(N)[None, :]
@@ -193,7 +195,7 @@ _write_jit = jax.jit(_write, static_argnums=(5, 6))
 
 @functools.partial(jax.jit, static_argnums=(6, 7, 8, 9, 10, 11))
 def _scan(state, queries_BTD, keys_BTD, values_BTV, ids_BT, gate_BT, top_k, threshold, temperature,
-          vocab_size, cos_scale=None, strength_update="accumulate"):
+          vocab_size, cos_scale=None, strength_update="gate"):
   time_major = lambda x: jnp.swapaxes(x, 0, 1)
 
   def one_token(state, inputs):
@@ -331,7 +333,7 @@ def read(state: SlotState, query_BD, *, top_k: int = 4, temperature: float = 8.0
 
 
 def write(state: SlotState, key_BD, value_BV, id_B, *, gate_B=None, threshold: float = 0.85,
-          strength_update: str = "accumulate") -> SlotState:
+          strength_update: str = "gate") -> SlotState:
   """Merge / fill / evict write of one token per batch element (module docstring, WRITE).
 
   Args:
@@ -366,7 +368,7 @@ def write(state: SlotState, key_BD, value_BV, id_B, *, gate_B=None, threshold: f
 
 
 def step(state: SlotState, query_BD, key_BD, value_BV, id_B, *, gate_B=None, top_k: int = 4,
-         threshold: float = 0.85, temperature: float = 8.0, strength_update: str = "accumulate"):
+         threshold: float = 0.85, temperature: float = 8.0, strength_update: str = "gate"):
   """One token: :func:`read` with ``query_BD``, then :func:`write`.
 
   Returns:
@@ -409,7 +411,7 @@ def slot_memory(queries_BTD, keys_BTD, values_BTV, ids_BT, *, n_slots: int, top_
                 threshold: float = 0.85, temperature: float = 8.0, write_gate_BT=None,
                 vocab_size: Optional[int] = None, initial_state: Optional[SlotState] = None,
                 return_state: bool = False, cos_scale: Optional[float] = None,
-                strength_update: str = "accumulate"):
+                strength_update: str = "gate"):
   """The slot memory run over a sequence: per token a read, then a write (``lax.scan``).
 
   Args:

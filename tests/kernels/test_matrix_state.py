@@ -31,6 +31,8 @@ VARIANTS = ("core", "mix_H", "mix_BTH")
 def numpy_matrix_state(q, k, v, rho, d, mix, S0, spectral_norm=False):
   """Per-(batch, head, token) loop in float64, straight from the equations.
 
+  ``rho`` is ``[B, T, H]`` (per head) or ``[B, T, H, S]`` (per channel: column ``j`` of the state
+  is kept with ``ρ_j``, ``S_t[:, j] = ρ_tj S_{t−1}[:, j] + (1 − ρ_tj) U_t[:, j]``).
   Returns ``(o [B, T, H, S], S_T [B, H, S, S], sigma_pre [B, T, H])``; ``sigma_pre`` is
   ``σ_max`` of each state before spectral normalisation (exact: ``np.linalg.norm(·, 2)``).
   """
@@ -46,7 +48,11 @@ def numpy_matrix_state(q, k, v, rho, d, mix, S0, spectral_norm=False):
       for t in range(T):
         kt, vt, (wo, wd, ws) = k[b, t, h], v[b, t, h], w[b, t, h]
         U = wo * np.outer(kt, vt) + wd * np.diag(d[b, t, h]) + ws * 0.5 * (np.outer(kt, vt) + np.outer(vt, kt))
-        St = rho[b, t, h] * St + (1.0 - rho[b, t, h]) * U
+        if rho.ndim == 3:
+          St = rho[b, t, h] * St + (1.0 - rho[b, t, h]) * U
+        else:
+          for j in range(S):  # column by column
+            St[:, j] = rho[b, t, h, j] * St[:, j] + (1.0 - rho[b, t, h, j]) * U[:, j]
         sigma_pre[b, t, h] = np.linalg.norm(St, 2)
         if spectral_norm:
           St = St / max(1.0, sigma_pre[b, t, h])
@@ -376,11 +382,14 @@ def call_rho(mode, q, k, v, rho, d, mix, S0):
 @pytest.mark.parametrize("mode", ("recurrent", "chunked"))
 def test_every_matmul_carries_the_precision(mode):
   q, k, v, log_rho, d, mix, S0 = make_inputs(*SMALL, seed=17)
+  per_channel = channel_log_rho(*SMALL, seed=17)
   for precision, want in (("highest", jax.lax.Precision.HIGHEST), ("high", jax.lax.Precision.HIGH)):
-    f = lambda q, precision=precision: jnp.sum(call(mode, q, k, v, log_rho, d, mix, S0, precision=precision)[0])
-    for g in (f, jax.grad(f)):
-      found = dot_general_precisions(jax.make_jaxpr(g)(q))
-      assert found and all(p == (want, want) for p in found), (mode, precision, set(found))
+    for lr in (log_rho, per_channel):
+      f = lambda q, precision=precision, lr=lr: jnp.sum(
+          call(mode, q, k, v, lr, d, mix, S0, precision=precision)[0])
+      for g in (f, jax.grad(f)):
+        found = dot_general_precisions(jax.make_jaxpr(g)(q))
+        assert found and all(p == (want, want) for p in found), (mode, precision, lr.ndim, set(found))
 
 
 def test_dtypes():
@@ -390,6 +399,101 @@ def test_dtypes():
   assert o.dtype == jnp.bfloat16 and S_T.dtype == jnp.bfloat16
   o, S_T = matrix_state(q, k, v, log_rho=log_rho, d=d, mix=mix, mode="recurrent", return_state=True)
   assert o.dtype == jnp.float32 and S_T.dtype == jnp.float32
+
+
+# ----------------------------------------------------------------------------------------
+# per-channel retention: ρ [B, T, H, S], S_t = S_{t−1} Diag(ρ_t) + U_t Diag(1 − ρ_t)
+
+
+def channel_log_rho(B, T, H, S, seed, dtype=np.float32):
+  """log ρ = log σ(z), z ~ N(1, 3²): gates from near 0 to near 1 (ρ ≈ 0.01 .. 0.9999), plus exact edges:
+  channel 0 of head 0 frozen (log ρ = 0) at t = 1, 2 and every channel of the last head reset
+  (log ρ = −inf) at t = 2, so that both ends meet the other channels' ordinary decays in one chunk."""
+  z = 3.0 * np.random.default_rng(seed).normal(size=(B, T, H, S)) + 1.0
+  lr = -np.logaddexp(0.0, -z)
+  lr[:, 1:3, 0, 0] = 0.0
+  lr[:, 2, -1] = -np.inf
+  return device_array(lr, dtype)
+
+
+CHANNEL = (2, 11, 2, 5)  # B, T, H, S: T = 11 is 2 chunks of 4 and a partial one of 3
+
+
+@pytest.mark.parametrize("variant", ("core", "mix_BTH"))
+def test_per_channel_recurrent_and_chunked_match_numpy_loop(variant):
+  # float32 against the float64 loop: an entry of o or S_T sums O(T·S) products of O(1) factors, each
+  # rounded at ε = 2^-24 ≈ 6e-8 relative (the decays come from exp/expm1 of the float32 log ρ with a few ε
+  # more), so the accumulated error is a few T·S·ε ≈ 3e-6 in the worst case; 2e-5 bounds it, as in
+  # test_recurrent_and_chunked_match_numpy_loop_with_initial_state
+  q, k, v, _, d, mix, S0 = make_inputs(*CHANNEL, variant, seed=20)
+  log_rho = channel_log_rho(*CHANNEL, seed=21)
+  o_ref, S_ref, _ = numpy_matrix_state(q, k, v, np.exp(np.asarray(log_rho, np.float64)), d, mix, S0)
+  for mode in ("recurrent", "chunked"):
+    o, S_T = call(mode, q, k, v, log_rho, d, mix, S0)
+    np.testing.assert_allclose(o, o_ref, atol=2e-5, err_msg=f"{variant} {mode} o")
+    np.testing.assert_allclose(S_T, S_ref, atol=2e-5, err_msg=f"{variant} {mode} S_T")
+
+
+@pytest.mark.parametrize("variant", ("core", "mix_BTH"))
+def test_per_channel_gradients_recurrent_equal_chunked_and_finite_differences(variant):
+  # float64 (as test_gradients_recurrent_equal_chunked_and_finite_differences): the forms agree to
+  # rounding of float64 sums (rtol 1e-9), and a central difference with step 1e-6 has truncation error
+  # O(1e-12) and rounding error O(ε_64 / 1e-6) ≈ 1e-10 relative, inside rtol 1e-6
+  B, T, H, S = 2, 6, 2, 3
+  with jax.enable_x64(True):
+    args = list(make_inputs(B, T, H, S, variant, seed=22, dtype=np.float64))
+    args[3] = channel_log_rho(B, T, H, S, seed=23, dtype=np.float64)
+    argnums = tuple(i for i, a in enumerate(args) if a is not None)
+    r = np.random.default_rng(24)
+    c_o, c_S = r.normal(size=(B, T, H, S)), r.normal(size=(B, H, S, S))
+
+    def f_np(q, k, v, log_rho, d, mix, S0):
+      o, S_T, _ = numpy_matrix_state(q, k, v, np.exp(log_rho), d, mix, S0)
+      return np.sum(c_o * o) + np.sum(c_S * S_T)
+
+    grads = {mode: log_rho_grads(mode, *args, c_o, c_S, wrt=argnums) for mode in ("recurrent", "chunked")}
+    for i in argnums:
+      a, b = np.asarray(grads["recurrent"][i]), np.asarray(grads["chunked"][i])
+      name = f"{variant} d/d{GRAD_NAMES[i]}"
+      assert a.shape == np.shape(args[i]) and np.all(np.isfinite(a)) and np.all(np.isfinite(b)), name
+      assert np.any(a != 0), name
+      np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11, err_msg=name)
+      u = r.normal(size=a.shape)
+      np.testing.assert_allclose(float(np.sum(a * u)), _directional_fd(f_np, args, i, u), rtol=1e-6,
+                                 atol=1e-8, err_msg=name)
+
+
+def test_per_channel_step_over_a_sequence_equals_the_sequence_form_and_numpy_with_spectral_norm():
+  # the recurrent form and step share the update, so they agree to a few ε (1e-6); the loop within
+  # float32 rounding as above, spectral normalisation's exact σ_max adding a few ε
+  q, k, v, _, d, mix, S0 = make_inputs(*SMALL, seed=25, scale=1.5)
+  log_rho = channel_log_rho(*SMALL, seed=26)
+  o_ref, S_ref, sigma_pre = numpy_matrix_state(q, k, v, np.exp(np.asarray(log_rho, np.float64)), d, mix, S0,
+                                               spectral_norm=True)
+  assert (sigma_pre > 1.0).any()  # the normalisation has work to do
+  o_seq, S_seq = call("recurrent", q, k, v, log_rho, d, mix, S0, spectral_norm=True)
+  S_T, o, _, sigma = step_scan(S0, q, k, v, log_rho, d, mix, spectral=True)
+  np.testing.assert_allclose(o, o_seq, atol=1e-6)
+  np.testing.assert_allclose(S_T, S_seq, atol=1e-6)
+  np.testing.assert_allclose(o_seq, o_ref, atol=2e-5)
+  np.testing.assert_allclose(S_seq, S_ref, atol=2e-5)
+  assert float(np.max(sigma)) <= 1.0 + 1e-5
+
+
+def test_per_channel_gates_equal_across_channels_are_the_per_head_gate():
+  # the per-head forms (recurrent; chunked through the associative memory's decay rule) and the
+  # per-channel ones (recurrent; the chunked form with [C, C, S] decays) are different float32
+  # computations of the same sums: a few ε apart (2e-6 for O(1) outputs, as in the rho == log_rho check)
+  B, T, H, S = SMALL
+  q, k, v, log_rho, d, mix, S0 = make_inputs(*SMALL, seed=27)
+  lr = np.array(log_rho)
+  lr[0, 1, 0], lr[0, 3, 1] = 0.0, -np.inf
+  per_channel = np.broadcast_to(lr[..., None], (B, T, H, S))
+  for mode in ("recurrent", "chunked"):
+    o_h, S_h = call(mode, q, k, v, lr, d, mix, S0)
+    o_c, S_c = call(mode, q, k, v, per_channel, d, mix, S0)
+    np.testing.assert_allclose(o_c, o_h, atol=2e-6, err_msg=mode)
+    np.testing.assert_allclose(S_c, S_h, atol=2e-6, err_msg=mode)
 
 
 # ----------------------------------------------------------------------------------------
@@ -423,6 +527,10 @@ def _bad_calls():
       ("`log_rho` must be <= 0", lambda: run(log_rho=log_rho + 5.0)),
       ("`log_rho` must be <= 0", lambda: run(log_rho=np.full_like(log_rho, np.nan))),
       ("`log_rho` must be a scalar or have shape", lambda: run(log_rho=log_rho[0])),
+      (r"`log_rho` must be a scalar or have shape \[B, T, H\] = \(1, 4, 2\) or \[B, T, H, S\] = \(1, 4, 2, 3\)",
+       lambda: run(log_rho=np.zeros((1, 4, 2, 4), np.float32))),  # per channel, S + 1 channels
+      ("`rho` must lie in", lambda: matrix_state(q, k, v, np.full((1, 4, 2, 3), 1.5, np.float32), d=d,
+                                                   mix=mix)),
       ("`mix` must have shape", lambda: run(mix=mix[0])),
       ("`mix` must have shape", lambda: run(mix=np.ones((2, 2), np.float32) / 2)),
       ("nonnegative", lambda: run(mix=not_nonnegative)),
@@ -456,6 +564,9 @@ def test_bad_step_and_init_arguments_raise_value_error():
     step(S, x, x, x, 0.5, log_rho_t=-1.0)
   with pytest.raises(ValueError, match="`rho_t` must lie in"):
     step(S, x, x, x, 1.5)
+  with pytest.raises(ValueError, match=r"`log_rho_t` must be a scalar or have shape \[B, H\] = \(1, 2\) or "
+                                       r"\[B, H, S\] = \(1, 2, 3\)"):
+    step(S, x, x, x, log_rho_t=np.zeros((1, 2, 4), np.float32))
   with pytest.raises(ValueError, match="`d_t` is required"):
     step(S, x, x, x, 0.5, mix_t=mix)
   with pytest.raises(ValueError, match="`mix_t` must have shape"):

@@ -68,7 +68,7 @@ class RefSlots:
         context = context + w[n] * s["value"]
     return w, context
 
-  def write(self, k, u, x, g, threshold, strength_update="accumulate"):
+  def write(self, k, u, x, g, threshold, strength_update="gate"):
     written = None
     if g > 0:
       used = [n for n, s in enumerate(self.slots) if s is not None]
@@ -116,7 +116,7 @@ class RefSlots:
 
 
 def ref_slot_memory(q, k, v, x, gate, *, n_slots, top_k=4, threshold=0.85, temperature=8.0,
-                    vocab_size=None, strength_update="accumulate"):
+                    vocab_size=None, strength_update="gate"):
   """float64 readout of the whole batch: dict of arrays, plus the memories."""
   B, T, _ = q.shape
   mems = [RefSlots(n_slots, k.shape[2], v.shape[2]) for _ in range(B)]
@@ -178,7 +178,7 @@ def std_case(seed):
 
 
 @functools.partial(jax.jit, static_argnames="strength_update")
-def std_vjp(q, k, v, x, gate, cot, strength_update="accumulate"):
+def std_vjp(q, k, v, x, gate, cot, strength_update="gate"):
   """STD's (context, pointer, final keys, final strength) and the cotangents of ⟨cot, them⟩ w.r.t.
   (queries, keys, values, gate)."""
   def f(q, k, v, gate):
@@ -202,11 +202,11 @@ def std_cotangent(context=None, pointer=None, keys=None, strength=None):
 
 
 @pytest.mark.parametrize("seed,B,T,N,D,V,top_k,vocab,strength_update", [
-    (0, *STD.values(), "accumulate"),
-    (0, 3, 17, 3, 3, 5, 3, 4, "accumulate"),   # top_k == n_slots, odd D
-    (0, 2, 9, 1, 2, 1, 1, 3, "accumulate"),    # a single slot
+    (0, *STD.values(), "gate"),                # strength = the last write's gate (the default)
+    (0, 3, 17, 3, 3, 5, 3, 4, "accumulate"),   # top_k == n_slots, odd D; strength s + g
+    (0, 2, 9, 1, 2, 1, 1, 3, "gate"),          # a single slot
     (0, 1, 31, 7, 8, 2, 4, 11, "accumulate"),
-    (0, 3, 17, 3, 3, 5, 3, 4, "gate"),         # strength = the last write's gate
+    (0, 3, 17, 3, 3, 5, 3, 4, "gate"),
 ])
 def test_slot_memory_matches_python_simulator(seed, B, T, N, D, V, top_k, vocab, strength_update):
   q, k, v, x, gate = random_case(seed, B, T, D, V, vocab)
@@ -290,7 +290,8 @@ def pad(rows, width):
   return np.array([list(r) + [0.0] * (width - len(r)) for r in rows], np.float32)
 
 
-def run(keys, *, values=None, ids=None, gate=None, queries=None, initial_state=None, cos_scale=None):
+def run(keys, *, values=None, ids=None, gate=None, queries=None, initial_state=None, cos_scale=None,
+        strength_update="gate"):
   """slot_memory on one sequence of HAND's shape given as lists; (readout, final state)."""
   T, D, V = HAND["T"], HAND["D"], HAND["V"]
   k = pad(keys, D)[None]
@@ -301,7 +302,7 @@ def run(keys, *, values=None, ids=None, gate=None, queries=None, initial_state=N
   assert k.shape == (1, T, D) and q.shape == k.shape and v.shape == (1, T, V)
   return slot_memory(q, k, v, x, n_slots=HAND["N"], top_k=HAND["top_k"], write_gate_BT=g,
                      vocab_size=HAND["vocab"], initial_state=initial_state, return_state=True,
-                     cos_scale=cos_scale)
+                     cos_scale=cos_scale, strength_update=strength_update)
 
 
 def hand_state(keys, *, ages, strength=(1.0, 1.0, 1.0)):
@@ -318,14 +319,19 @@ EYE = np.eye(HAND["D"]).tolist()
 def test_repeated_key_merges_as_a_strength_weighted_mean():
   keys = [[1.0, 0.0], [1.0, 0.1], [0.0, 1.0], [1.0, -0.1], [0.0, 0.0, 1.0]]
   values = [[1.0, 0.0], [0.0, 1.0], [5.0, 5.0], [0.0, 0.0], [9.0, 9.0]]
-  _, st = run(keys, values=values, ids=[3, 1, 2, 4, 0], gate=[1.0, 1.0, 1.0, 0.5, 0.0])
-  np.testing.assert_array_equal(st.used[0], [True, True, False])
-  np.testing.assert_allclose(st.strength[0], [2.5, 1.0, 0.0])
-  # (1·[1,0] + 1·[1,.1]) / 2 = [1, .05]; then (2·[1,.05] + .5·[1,-.1]) / 2.5 = [1, .02]
-  np.testing.assert_allclose(st.keys[0, 0], [1.0, 0.02, 0, 0, 0, 0], atol=1e-6)
-  np.testing.assert_allclose(st.values[0, 0], [0.4, 0.4], atol=1e-6)
-  np.testing.assert_array_equal(st.ids[0], [4, 2, -1])  # the latest id wins
-  np.testing.assert_array_equal(st.age[0], [1, 2, 0])
+  # accumulate: strengths 1 -> 2 -> 2.5; (1·[1,0] + 1·[1,.1]) / 2 = [1, .05], then
+  # (2·[1,.05] + .5·[1,-.1]) / 2.5 = [1, .02]; values [.5,.5] then 2·[.5,.5] / 2.5 = [.4,.4].
+  # gate (the default): strengths 1 -> 1 -> .5; the same first merge, then
+  # (1·[1,.05] + .5·[1,-.1]) / 1.5 = [1, 0]; values [.5,.5] then [.5,.5] / 1.5 = [1/3, 1/3].
+  for strength_update, strength, key, value in (("accumulate", 2.5, 0.02, 0.4), ("gate", 0.5, 0.0, 1 / 3)):
+    _, st = run(keys, values=values, ids=[3, 1, 2, 4, 0], gate=[1.0, 1.0, 1.0, 0.5, 0.0],
+                strength_update=strength_update)
+    np.testing.assert_array_equal(st.used[0], [True, True, False])
+    np.testing.assert_allclose(st.strength[0], [strength, 1.0, 0.0])
+    np.testing.assert_allclose(st.keys[0, 0], [1.0, key, 0, 0, 0, 0], atol=1e-6)
+    np.testing.assert_allclose(st.values[0, 0], [value, value], atol=1e-6)
+    np.testing.assert_array_equal(st.ids[0], [4, 2, -1])  # the latest id wins
+    np.testing.assert_array_equal(st.age[0], [1, 2, 0])
 
 
 def test_fill_then_evict_the_oldest():
@@ -531,11 +537,13 @@ def test_bad_input_raises():
 def test_cos_scale_weights_the_cosine_against_log_strength():
   """score = s · cos + log(strength): checked by hand on two used slots (one merged twice)."""
   D, e = HAND["D"], EYE
-  # writes: key e0 (id 3) three times (merged: strength 3), key e1 (id 4) once; then read with query e1
+  # writes: key e0 (id 3) three times (merged, strengths accumulated: 3), key e1 (id 4) once; then read
+  # with query e1
   keys = [e[0], e[0], e[0], e[1], e[1]]
   values = np.arange(5 * 2, dtype=np.float32).reshape(5, 2)
   for scale in (None, 0.5, 8.0):
-    r, _ = run(keys, values=values, ids=[3, 3, 3, 4, 0], queries=[e[1]] * 5, cos_scale=scale)
+    r, _ = run(keys, values=values, ids=[3, 3, 3, 4, 0], queries=[e[1]] * 5, cos_scale=scale,
+               strength_update="accumulate")
     s = 1 / np.sqrt(D) if scale is None else scale
     score = np.array([s * 0.0 + np.log(3.0), s * 1.0 + np.log(1.0)])   # cos(e1, e0) = 0, cos(e1, e1) = 1
     w = np.exp(8 * (score - score.max()))  # HAND's temperature: the default 8

@@ -26,6 +26,7 @@ from jaxmem.models.unimatrix import (
   param_breakdown,
   three_token_typed_config,
 )
+from jaxmem.models.unimatrix.model import _Inputs
 from jaxmem.train.losses import recall_loss, with_ponder_cost
 from tests.models.jitted import assert_causal, forward, program_text
 
@@ -44,10 +45,12 @@ def tokens(seed=1, B=2, n=T, vocab=V):
   return jax.random.randint(jax.random.key(seed), (B, n), 0, min(vocab, 6))
 
 
-# every variant, and every option in some combination: ACT, DeepEmbed, both ROSA sources, step embeddings,
-# slots with / without pointer and write gate, spectral norm, dense memory, hybrid updates, no positions, remat
+# every variant, and every option in some combination: ACT, DeepEmbed, both ROSA sources and modulations, step
+# embeddings, slots with / without pointer and write gate, spectral norm, dense memory, hybrid updates, no
+# positions, remat, per-channel retention (chunked derivatives)
 CASES = [(v, {}) for v in VARIANTS] + [
-    ("core", dict(act=True, deep_embed=True, rosa="automaton", step_embed=True, remat=True)),
+    ("core", dict(act=True, deep_embed=True, rosa="automaton", step_embed=True, remat=True,
+                  rosa_modulation="token", retention="channel")),
     ("sparse_pointer", dict(act=True, write_gate=False, rosa="prev_token", mode="recurrent")),
     ("sparse_pointer", dict(slot_query="prev_token", slot_cos_scale=8.0)),
     ("core", dict(n_slots=4, pointer=True, write_gate=True, dense_memory=True, spectral_norm=True,
@@ -310,6 +313,29 @@ def test_prev_token_slot_query_solves_the_papers_recall_by_construction_with_gat
   assert acc[8.0, "accumulate"] == 1.0 and acc[None, "gate"] == 1.0 and acc[None, "accumulate"] < 0.3, acc
 
 
+_logits_and_aux = nnx.jit(lambda model, x: model(x, return_aux=True))
+
+
+@pytest.mark.slow
+def test_write_threshold_makes_the_no_write_branch_reachable():
+  """A write gate σ(w·h) is never 0, so without a threshold every token writes; with
+  slot_write_threshold=0.5 and σ ≈ 0.05 nothing is written: the gate reads 0, and the slot context and
+  pointer vanish (the logits do not move when the pointer gate and the context projection's weights
+  change). With the threshold 0 the same weights write and the logits move."""
+  x = tokens(B=2)
+  moved = {}
+  for threshold in (0.5, 0.0):
+    m = UniMatrixLM(tiny("sparse_pointer", slot_write_threshold=threshold), rngs=nnx.Rngs(0))
+    m.write_gate.bias[...] = jnp.full_like(m.write_gate.bias[...], -3.0)   # σ(−3) ≈ 0.047
+    before, aux = _logits_and_aux(m, x)
+    gate = np.asarray(aux["slot_write_gate"])
+    assert np.all(gate == 0.0) if threshold else np.all((gate > 0) & (gate < 0.5))
+    m.pointer_gate.bias[...] = m.pointer_gate.bias[...] + 4.0
+    m.slot_out.kernel[...] = m.slot_out.kernel[...] + 1.0   # (its bias is added to a zero context too)
+    moved[threshold] = float(np.abs(np.asarray(_logits_and_aux(m, x)[0]) - np.asarray(before)).max())
+  assert moved[0.5] == 0.0 and moved[0.0] > 0.1, moved
+
+
 # --- sizes ---------------------------------------------------------------------------------
 
 PAPER = dict(vocab_size=259, d_model=64, n_steps=3, n_heads=4, state_dim=16, max_len=128)
@@ -351,6 +377,40 @@ def test_parameter_counts_at_the_papers_sizes():
   assert sum(param_breakdown(core).values()) == 79_300
 
 
+def test_per_channel_retention_gives_the_papers_core_and_rosa_counts():
+  """retention="channel" (gate Linear(64 → 4·16, no bias) + 4 per-head biases): Core 83,140 and ROSA 103,876,
+  the paper's counts exactly."""
+  build = lambda v: nnx.eval_shape(lambda: UniMatrixLM(UniMatrixConfig(variant=v, retention="channel", **PAPER),
+                                                       rngs=nnx.Rngs(0)))
+  core, rosa = build("core"), build("rosa")
+  assert core.block.mixer.rho.kernel.shape == (64, 64) and core.block.mixer.rho.bias is None
+  assert core.block.mixer.rho_bias.shape == (4,)
+  assert (count_params(core), count_params(rosa)) == (83_140, 103_876)
+
+
+def test_rosa_modulation_is_conditioned_on_the_rosa_row_or_the_current_token():
+  """_embed by hand at a tiny size: h = e ⊙ (1 + tanh(M c + b)) + r, e = E[x_t] + P_t, r = E_rosa[x_{t−1}]
+  (0 at t = 0), c = r ("rosa") or E[x_t] ("token"). The model is built abstractly and given O(1) random
+  tables (at init M = 0 and the embeddings are small), so only _embed's few ops run."""
+  r_ = np.random.default_rng(3)
+  x = r_.integers(0, V, size=(1, 6)).astype(np.int32)
+  d = TINY["d_model"]
+  for form in ("rosa", "token"):
+    model = nnx.eval_shape(lambda form=form: UniMatrixLM(tiny("rosa", rosa_modulation=form), rngs=nnx.Rngs(0)))
+    E, P, R, M = (r_.normal(size=n) for n in ((V, d), (TINY["max_len"], d), (V, d), (d, d)))
+    b = r_.normal(size=d)
+    for var, value in ((model.embed.embedding, E), (model.pos, P), (model.rosa_embed.embedding, R),
+                       (model.rosa_mod.kernel, M), (model.rosa_mod.bias, b)):
+      var.set_value(jnp.asarray(value, jnp.float32))  # abstract (ShapeDtypeStruct) until set
+    e = E[x] + P[None, :6]
+    r = np.concatenate([np.zeros((1, 1, d)), R[x[:, :-1]]], axis=1)
+    c = r if form == "rosa" else E[x]
+    # float32 against float64: O(1) entries through one 16-term product and tanh, each op within a few
+    # ε = 6e-8 relative; the products up to ~|M c| ≈ 10, so 1e-5 relative, 1e-5 absolute
+    np.testing.assert_allclose(model._embed(_Inputs(jnp.asarray(x))), e * (1 + np.tanh(c @ M + b)) + r,
+                               rtol=1e-5, atol=1e-5, err_msg=form)
+
+
 # --- bad input -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw, match", [
@@ -361,6 +421,8 @@ def test_parameter_counts_at_the_papers_sizes():
     (dict(n_steps=0), "n_steps must be a positive integer"),
     (dict(rosa="suffix"), "rosa must be one of"),
     (dict(updates="diag"), "updates must be one of"),
+    (dict(retention="row"), "retention must be one of"),
+    (dict(rosa_modulation="prev"), "rosa_modulation must be one of"),
     (dict(mode="parallel"), "mode must be one of"),
     (dict(variant="discovery", mode="chunked"), "spectral_norm=True has no chunked form"),
     (dict(pointer=True), "need the slot memory"),
@@ -370,6 +432,8 @@ def test_parameter_counts_at_the_papers_sizes():
     (dict(slot_query="key"), "slot_query must be one of"),
     (dict(slot_cos_scale=-1.0), "slot_cos_scale"),
     (dict(slot_strength="sum"), "slot_strength must be one of"),
+    (dict(variant="sparse_pointer", slot_write_threshold=1.0), r"slot_write_threshold must be in \[0, 1\)"),
+    (dict(variant="sparse_pointer", write_gate=False, slot_write_threshold=0.5), "needs write_gate=True"),
     (dict(act=True, carry_state=True), "carry_state"),
     (dict(deep_embed="yes"), "deep_embed must be a bool"),
     (dict(dropout=1.0), r"dropout must be a rate in \[0, 1\)"),

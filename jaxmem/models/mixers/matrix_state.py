@@ -3,11 +3,18 @@
 Per head (state ``S × S``), per token, with ``x`` the block's normalised input::
 
     q, k, v (, d) = tanh(W x + b)                       [B, T, H, S] each
-    ρ_t = σ(w_ρ · x_t + b_ρ)                           one scalar per head
+    ρ_t = σ(w_ρ · x_t + b_ρ)                           one scalar per head (``retention="head"``), or
+    ρ_t = σ(W_ρ x_t + b_ρ)  ∈ (0, 1)^S                  per state channel, b_ρ per head (``"channel"``)
     S_t = ρ_t S_{t−1} + (1 − ρ_t) U_t                  U_t = k vᵀ (``updates="outer"``, Core) or
           U_t = w_o k vᵀ + w_d Diag(d) + w_s ½(k vᵀ + v kᵀ),  w = softmax(per-head logits)
                                                         (``updates="hybrid"``, Discovery)
     y_t = (W_o [S_t q_t]_heads) ⊙ σ(W_g x_t)           output projection under a sigmoid gate
+
+With ``retention="channel"`` the update is ``S_t = S_{t−1} Diag(ρ_t) + U_t Diag(1 − ρ_t)`` (the
+kernel's per-channel gate decays the state's columns, the key side of the read). Its gate is
+``Linear(d_model → n_heads·S, no bias)`` plus one bias per head: at UniMatrix's sizes exactly the
+3,840 parameters by which the paper's Core count exceeds the per-head gate's
+(``jaxmem/models/unimatrix/README.md``).
 
 The recurrence is :func:`jaxmem.kernels.matrix_state.matrix_state` (a ``lax.scan`` or the
 chunked form built on the associative kernel's ``decay`` rule); ``spectral_norm=True``
@@ -34,6 +41,7 @@ from jaxmem.models.mixers.registry import MixerConfig, register
 from jaxmem.sharding import HEADS_BTH, HEADS_BTHK, STATE_BHKV, constrain_heads, map_heads
 
 UPDATES = ("outer", "hybrid")
+RETENTIONS = ("head", "channel")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +52,11 @@ class MatrixStateConfig(MixerConfig):
       of outer, diagonal and symmetric updates, UniMatrix-Discovery).
     spectral_norm: rescale ``S_t`` to spectral norm ≤ 1 after every update (recurrent form).
     output_gate: multiply the output projection by ``σ(W_g x)`` (the paper's gate).
-    rho_bias: initial bias of the retention gate, ``ρ = σ(rho_bias)`` at init (2 → 0.88).
+    retention: "head" (one gate ``ρ`` per head and token, ``Linear(d_model → n_heads)`` with
+      bias) or "channel" (one per head, token and state channel, ``Linear(d_model → n_heads·S,
+      no bias)`` plus a bias per head; the state's columns decay separately).
+    rho_bias: initial bias of the retention gate, ``ρ = σ(rho_bias)`` at init (2 → 0.88; every
+      channel alike with ``retention="channel"``, whose weights start at 0).
     mode: "auto" (the fastest forward, chunked derivatives; recurrent with spectral_norm),
       "recurrent" or "chunked".
     chunk_size: chunk length of the chunked form.
@@ -56,6 +68,7 @@ class MatrixStateConfig(MixerConfig):
   updates: str = "outer"
   spectral_norm: bool = False
   output_gate: bool = True
+  retention: str = "head"
   rho_bias: float = 2.0
   mode: str = "auto"
   chunk_size: int = 64
@@ -66,6 +79,9 @@ class MatrixStateConfig(MixerConfig):
     check_config_ints(self, ("chunk_size",))
     if self.updates not in UPDATES:
       raise ValueError(f"MatrixStateConfig.updates must be one of {list(UPDATES)}, got {self.updates!r}.")
+    if self.retention not in RETENTIONS:
+      raise ValueError(f"MatrixStateConfig.retention must be one of {list(RETENTIONS)}, "
+                       f"got {self.retention!r}.")
     if self.mode not in ms.MODES:
       raise ValueError(f"MatrixStateConfig.mode must be one of {list(ms.MODES)}, got {self.mode!r}.")
     if self.spectral_norm and self.mode == "chunked":
@@ -94,7 +110,13 @@ class MatrixStateMixer(nnx.Module):
     dt = jnp.dtype(dtype)
     self.n_proj = 4 if cfg.updates == "hybrid" else 3  # q, k, v (, d)
     self.proj = nnx.Linear(d_model, self.n_proj * n_heads * S, dtype=dt, rngs=rngs)
-    self.rho = gate_projection(d_model, n_heads, jnp.full((n_heads,), cfg.rho_bias), dtype=dt, rngs=rngs)
+    if cfg.retention == "channel":  # ρ = σ(W_ρ x + b_ρ): W_ρ [d_model, H·S] (head-major), from 0; b_ρ per head
+      self.rho = nnx.Linear(d_model, n_heads * S, use_bias=False, dtype=dt, rngs=rngs,
+                            kernel_init=nnx.initializers.zeros)
+      self.rho_bias = nnx.data(nnx.Param(jnp.full((n_heads,), cfg.rho_bias, jnp.float32)))
+    else:
+      self.rho = gate_projection(d_model, n_heads, jnp.full((n_heads,), cfg.rho_bias), dtype=dt, rngs=rngs)
+      self.rho_bias = nnx.data(None)
     self.mix_logits = nnx.data(nnx.Param(jnp.zeros((n_heads, 3), jnp.float32)) if cfg.updates == "hybrid"
                                else None)
     self.out = nnx.Linear(n_heads * S, d_model, dtype=dt, rngs=rngs,
@@ -109,14 +131,18 @@ class MatrixStateMixer(nnx.Module):
     q, k, v = constrain_heads(parts[:, :, 0], parts[:, :, 1], parts[:, :, 2])
     d = constrain_heads(parts[:, :, 3]) if self.n_proj == 4 else None
     mix = None if self.mix_logits is None else jax.nn.softmax(self.mix_logits[...], axis=-1)
-    log_rho = jax.nn.log_sigmoid(self.rho(x_BTD).astype(jnp.float32))
+    z = self.rho(x_BTD).astype(jnp.float32)  # [B, T, H] or [B, T, H·S]
+    if self.rho_bias is not None:
+      z = z.reshape(B, T, H, S) + self.rho_bias[...].reshape(1, 1, H, 1)
+    log_rho = jax.nn.log_sigmoid(z)
     def kernel(q, k, v, log_rho, d, mix, initial_state):
       return ms.matrix_state(q, k, v, log_rho=log_rho, d=d, mix=mix, mode=cfg.mode, chunk_size=cfg.chunk_size,
                              spectral_norm=cfg.spectral_norm, precision=cfg.precision,
                              initial_state=initial_state, return_state=True)
     # per device: its own batch rows and heads (jaxmem.sharding.map_heads), when a mesh is set
     o, S_T = map_heads(kernel, (q, k, v, log_rho, d, mix, initial_state),
-                       (HEADS_BTHK,) * 3 + (HEADS_BTH, HEADS_BTHK, ("heads", None), STATE_BHKV),
+                       (HEADS_BTHK,) * 3 + (HEADS_BTH if log_rho.ndim == 3 else HEADS_BTHK, HEADS_BTHK,
+                                            ("heads", None), STATE_BHKV),
                        (HEADS_BTHK, STATE_BHKV))
     y = self.out(constrain_heads(o).reshape(B, T, H * S))
     if self.gate is not None:

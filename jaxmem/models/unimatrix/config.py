@@ -27,11 +27,12 @@ from jaxmem._checks import check_config_ints
 from jaxmem.kernels import matrix_state as ms
 from jaxmem.kernels.precision import PRECISIONS
 from jaxmem.kernels.slots import STRENGTH_UPDATES
-from jaxmem.models.mixers.matrix_state import UPDATES
+from jaxmem.models.mixers.matrix_state import RETENTIONS, UPDATES
 from jaxmem.models.remat import check_remat_policy
 
 VARIANTS = ("core", "rosa", "discovery", "assoc", "sparse_pointer")
 ROSA_SOURCES = ("none", "prev_token", "automaton")
+ROSA_MODULATIONS = ("rosa", "token")
 SLOT_QUERIES = ("hidden", "prev_token")
 
 _OFF = dict(updates="outer", rosa="none", deep_embed=False, step_embed=False, spectral_norm=False,
@@ -64,8 +65,16 @@ class UniMatrixConfig:
     mode, chunk_size, precision: the matrix-state kernel's form (``auto``: the fastest forward
       with chunked derivatives, recurrent when ``spectral_norm``), chunk and matmul precision.
     updates: "outer" (Core) or "hybrid" (outer / diagonal / symmetric mix, Discovery).
+    retention: the matrix state's retention gate ρ, "head" (one per head and token, every preset)
+      or "channel" (one per head, token and state channel, the state's columns decaying
+      separately: ``Linear(d_model → n_heads·state_dim, no bias)`` plus a bias per head, the size
+      that matches the paper's Core and ROSA parameter counts; ``jaxmem/models/unimatrix/README.md``).
     rosa: "none", "prev_token" (the paper's code: an embedding of ``x_{t−1}``) or "automaton"
       (RWKV-8's ROSA: the token that followed the longest earlier match of the suffix).
+    rosa_modulation: what the embedding's modulation ``e ⊙ (1 + tanh(M c))`` is conditioned on
+      (with ``rosa != "none"``): "rosa" (``c = r``, the ROSA row ``E_rosa[src]``) or "token"
+      (``c = E[x_t]``, the current token's own embedding); both add ``r`` and have the same
+      parameters.
     deep_embed: after every depth step ``h ← h ⊙ (1 + σ(P · E_deep[x_t]))``.
     step_embed: a learned vector per depth step added before it.
     spectral_norm: spectral norm of every state ≤ 1 (recurrent form).
@@ -74,6 +83,10 @@ class UniMatrixConfig:
     n_slots: slots of the sparse slot memory (0: none; 32 in SparsePointer).
     pointer: pointer-logit fusion (the slot read's weights scattered onto their token ids).
     write_gate: a learned per-token write gate ``σ(w · h)`` on slot writes.
+    slot_write_threshold: with ``write_gate``, a token writes only where ``σ(w · h) >
+      slot_write_threshold`` (then with weight and strength ``σ(w · h)``; elsewhere the slot
+      kernel's "no write" branch: nothing written, gradient 0). 0 (the default; the paper is
+      silent) writes every token, a soft gate; 0.5 makes it a hard learned choice.
     slot_top_k, slot_threshold, slot_temperature: the slot read's ``K`` (4), the merge
       cosine (0.85), the read's ``τ`` in ``softmax(τ · score)`` (8).
     slot_query: "hidden" (a learned projection ``W_q LN(h_t)`` of the final state) or
@@ -81,9 +94,10 @@ class UniMatrixConfig:
       "what followed the previous token before", an induction head by construction).
     slot_cos_scale: the cosine's weight in the slot score ``s · cos + log(strength)``; None is
       the paper's ``1 / √d_model`` (with which ``log(strength)`` dominates the score).
-    slot_strength: a merged slot's strength, ``"accumulate"`` (``s + g``: a slot written often
-      outscores every slot written once, whatever the query) or ``"gate"`` (the last write's
-      gate ``g``: the read ranks slots by cosine); :mod:`jaxmem.kernels.slots`, WRITE.
+    slot_strength: a merged slot's strength, ``"gate"`` (the default: the last write's gate
+      ``g``, so the read ranks slots by cosine) or ``"accumulate"`` (``s + g``: a slot written
+      often outscores every slot written once, whatever the query; with the paper's score the
+      recall task's answer slot is never read); :mod:`jaxmem.kernels.slots`, WRITE.
     act: Adaptive Computation Time over depth (Graves 2016; Universal Transformer,
       Dehghani et al. 2019): per position, halt once the summed halting probabilities
       reach ``act_threshold``; the output is the halting-weighted mix of the depth states.
@@ -115,7 +129,9 @@ class UniMatrixConfig:
   chunk_size: int = 64
   precision: str = "highest"
   updates: Optional[str] = None
+  retention: str = "head"
   rosa: Optional[str] = None
+  rosa_modulation: str = "rosa"
   deep_embed: Optional[bool] = None
   step_embed: Optional[bool] = None
   spectral_norm: Optional[bool] = None
@@ -129,7 +145,8 @@ class UniMatrixConfig:
   slot_temperature: float = 8.0
   slot_query: str = "hidden"
   slot_cos_scale: Optional[float] = None
-  slot_strength: str = "accumulate"
+  slot_write_threshold: float = 0.0
+  slot_strength: str = "gate"
   act: bool = False
   act_threshold: float = 0.99
   remat: bool = False
@@ -162,6 +179,11 @@ class UniMatrixConfig:
       raise ValueError(f"UniMatrixConfig.updates must be one of {list(UPDATES)}, got {self.updates!r}.")
     if self.rosa not in ROSA_SOURCES:
       raise ValueError(f"UniMatrixConfig.rosa must be one of {list(ROSA_SOURCES)}, got {self.rosa!r}.")
+    if self.retention not in RETENTIONS:
+      raise ValueError(f"UniMatrixConfig.retention must be one of {list(RETENTIONS)}, got {self.retention!r}.")
+    if self.rosa_modulation not in ROSA_MODULATIONS:
+      raise ValueError(f"UniMatrixConfig.rosa_modulation must be one of {list(ROSA_MODULATIONS)}, "
+                       f"got {self.rosa_modulation!r}.")
     for name in ("tie_embeddings", "deep_embed", "step_embed", "spectral_norm", "dense_memory", "pointer",
                  "write_gate", "act", "remat", "carry_state"):
       if not isinstance(getattr(self, name), bool):
@@ -193,6 +215,12 @@ class UniMatrixConfig:
     if not (number(self.slot_threshold) and -1.0 <= self.slot_threshold <= 1.0):
       raise ValueError(f"UniMatrixConfig.slot_threshold must be a cosine in [-1, 1], "
                        f"got {self.slot_threshold!r}.")
+    if not (number(self.slot_write_threshold) and 0.0 <= self.slot_write_threshold < 1.0):
+      raise ValueError(f"UniMatrixConfig.slot_write_threshold must be in [0, 1), "
+                       f"got {self.slot_write_threshold!r}.")
+    if self.slot_write_threshold and not self.write_gate:
+      raise ValueError(f"UniMatrixConfig.slot_write_threshold={self.slot_write_threshold} needs "
+                       f"write_gate=True.")
     if not (number(self.slot_temperature) and 0 < self.slot_temperature < float("inf")):
       raise ValueError(f"UniMatrixConfig.slot_temperature must be finite and > 0, "
                        f"got {self.slot_temperature!r}.")

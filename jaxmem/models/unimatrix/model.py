@@ -8,7 +8,8 @@ with the variants as presets of :class:`~jaxmem.models.unimatrix.config.UniMatri
     e_t  = E[x_t] (+ P_t)                                  token (+ learned position) embedding
     r_t  = E_rosa[src_t]                                   rosa: src = x_{t−1} ("prev_token") or
                                                            ROSA's prediction ("automaton"); 0 if none
-    h⁰_t = e_t ⊙ (1 + tanh(M r_t)) + r_t                   token-conditioned modulation + residual path
+    h⁰_t = e_t ⊙ (1 + tanh(M c_t)) + r_t                   modulation + residual path; c_t = r_t
+                                                           (rosa_modulation="rosa") or E[x_t] ("token")
     for n in 1..n_steps (one block, shared weights; lax.scan over depth):
       h ← h + s_n                                          step_embed
       h ← h + MatrixState(LN h);  [h ← h + TopKMemory(LN h)];  h ← h + FFN(LN h)
@@ -64,7 +65,8 @@ class FeedForward(nnx.Module):
 def matrix_state_config(cfg: UniMatrixConfig) -> MatrixStateConfig:
   """The mixer config of ``cfg``'s block."""
   return MatrixStateConfig(state_dim=cfg.state_dim, updates=cfg.updates, spectral_norm=cfg.spectral_norm,
-                           mode=cfg.mode, chunk_size=cfg.chunk_size, precision=cfg.precision)
+                           retention=cfg.retention, mode=cfg.mode, chunk_size=cfg.chunk_size,
+                           precision=cfg.precision)
 
 
 class UniMatrixBlock(nnx.Module):
@@ -141,9 +143,10 @@ class UniMatrixLM(nnx.Module):
 
   ``UniMatrixLM(cfg, rngs=nnx.Rngs(0))(tokens [B, T]) -> logits [B, T, vocab_size]``;
   ``model(tokens, return_aux=True)`` also returns ``{"ponder": [B, T]}`` (ACT's ``N + R``, else
-  ``n_steps``). :meth:`apply_onehot` takes one-hot rows ``[B, T, vocab_size]`` instead of ids.
-  With ``cfg.dropout > 0`` every call in train mode (the default) draws new masks from the
-  model's dropout stream; ``model.eval()`` makes calls deterministic.
+  ``n_steps``) and, with a slot write gate, ``"slot_write_gate": [B, T]`` (each token's ``g_t``).
+  :meth:`apply_onehot` takes one-hot rows ``[B, T, vocab_size]`` instead of ids. With
+  ``cfg.dropout > 0`` every call in train mode (the default) draws new masks from the model's
+  dropout stream; ``model.eval()`` makes calls deterministic.
   """
 
   def __init__(self, cfg: UniMatrixConfig, *, rngs: nnx.Rngs):
@@ -222,7 +225,7 @@ class UniMatrixLM(nnx.Module):
   def _embed(self, inp: _Inputs):
     cfg = self.cfg
     T = inp.ids.shape[1]
-    h = inp.rows(self.embed.embedding[...])
+    h = e = inp.rows(self.embed.embedding[...])
     if self.pos is not None:
       h = h + self.pos[...][None, :T]
     if self.rosa_embed is not None:
@@ -231,7 +234,9 @@ class UniMatrixLM(nnx.Module):
         r = inp.prev_rows(table)
       else:  # the token that followed the longest earlier match; -1 (none) gives 0
         r = _take(table, rosa_kernel.rosa(jax.lax.stop_gradient(inp.ids)))
-      h = h * (1.0 + jnp.tanh(self.rosa_mod(r))) + r
+      # the modulation's condition: the ROSA row, or the current token's own embedding (no position)
+      c = r if cfg.rosa_modulation == "rosa" else e
+      h = h * (1.0 + jnp.tanh(self.rosa_mod(c))) + r
     return h
 
   def _depth(self, h, inp: _Inputs, key=None):
@@ -303,6 +308,8 @@ class UniMatrixLM(nnx.Module):
     table = self.embed.embedding[...]
     z = self.slot_norm(h)
     gate = None if self.write_gate is None else jax.nn.sigmoid(self.write_gate(z)[..., 0])
+    if gate is not None and cfg.slot_write_threshold:  # the kernel writes nothing where the gate is 0
+      gate = jnp.where(gate > cfg.slot_write_threshold, gate, 0.0)
     keys = inp.prev_rows(table)
     query = self.slot_query(z) if cfg.slot_query == "hidden" else keys
     read = slot_kernel.slot_memory(
@@ -314,7 +321,7 @@ class UniMatrixLM(nnx.Module):
     pointer = None
     if self.pointer_gate is not None:
       pointer = jax.nn.softplus(self.pointer_gate(z)) * read.pointer
-    return h, pointer
+    return h, pointer, gate
 
   def _forward(self, inp: _Inputs, return_aux: bool):
     key = None   # train mode with dropout: one key per call -> embedding, depth steps, slot context
@@ -323,14 +330,16 @@ class UniMatrixLM(nnx.Module):
     keys = (None,) * 3 if key is None else tuple(jax.random.split(key, 3))
     h = _dropout(self.drop, self._embed(inp), keys[0], 0)
     h, ponder = self._depth(h, inp, keys[1])
-    pointer = None
+    pointer, aux = None, {"ponder": ponder}
     if self.slot_norm is not None:
-      h, pointer = self._slots(h, inp, keys[2])
+      h, pointer, gate = self._slots(h, inp, keys[2])
+      if gate is not None:
+        aux["slot_write_gate"] = gate
     z = self.ln_f(h)
     logits = (self.embed.attend(z) if self.head is None else self.head(z)).astype(jnp.float32)
     if pointer is not None:
       logits = logits + pointer.astype(jnp.float32)
-    return (logits, {"ponder": ponder}) if return_aux else logits
+    return (logits, aux) if return_aux else logits
 
 
 def count_params(model: nnx.Module) -> int:

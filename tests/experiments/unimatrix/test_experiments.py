@@ -76,10 +76,20 @@ def test_recall_factory_options():
                                                                          **kw)(nnx.Rngs(0)))
   dropout = build("sparse_pointer_dropout")
   assert dropout.cfg.variant == "sparse_pointer" and dropout.cfg.dropout == 0.1
-  label, options, _ = recall.ABLATION[3]
+  label, options, paper = recall.ablation_row("32 no-pointer")
   ablated = build("sparse_pointer", **options)
   assert label == "32 slots, no pointer" and not ablated.cfg.pointer and ablated.cfg.n_slots == 32
+  assert paper == "95.7 / 90.3 / 86.6" and ablated.cfg.write_gate
   assert ablated.cfg.dropout == 0.0 and build("core").cfg.variant == "core"
+  label, options, paper = recall.ablation_row("8 no-gate")
+  ablated = build("sparse_pointer", **options)
+  assert (label, paper) == ("8 slots + pointer, no write gate", "—") and ablated.cfg.pointer
+  assert ablated.cfg.n_slots == 8 and not ablated.cfg.write_gate
+  assert build("sparse_pointer", **recall.ablation_row("accumulate")[1]).cfg.slot_strength == "accumulate"
+  assert build("sparse_pointer").cfg.slot_strength == "gate"
+  for bad in ("32 no-slots", "pointer", "0", ""):
+    with pytest.raises(ValueError, match="ablation row"):
+      recall.ablation_row(bad)
 
 
 def test_recall_experiment_tiny(tmp_path, monkeypatch):
@@ -88,26 +98,34 @@ def test_recall_experiment_tiny(tmp_path, monkeypatch):
   out = tmp_path / "r"
   R = "--config.unimatrix_recall."
   args = [R + "models=('core',)", R + "seq_len=24", R + "train_steps=2", R + "batch_size=4",
-          R + "eval_batches=1", R + "ablation_pairs=(3,)", R + "ablation_rows=(3,)"]
+          R + "eval_batches=1", R + "seeds=(0,)", R + "ablation_pairs=(3,)",
+          R + "ablation_rows=('32 no-pointer',)"]
   assert main(["reproduce", "--quick", "--only", "unimatrix_recall", "--out", str(out), "--no_progress",
                *args]) == 0
   report = (out / "REPORT.md").read_text()
   assert "| unimatrix_recall | ok |" in report
   results = json.loads((out / "unimatrix_recall" / "results.json").read_text())
-  assert sorted(results) == ["ablation/32 slots, no pointer/p3", "core"]
+  assert sorted(results) == ["ablation/32 slots, no pointer/p3/s0", "core/s0"]
   # each accuracy recounted in numpy from the returned model (in eval mode) on the same held-out batch
-  for name, tag in (("core", "core_p4"), ("ablation/32 slots, no pointer/p3", "ablation3_p3")):
+  for name, tag in (("core/s0", "core_p4_s0"), ("ablation/32 slots, no pointer/p3/s0", ABL)):
     pairs = 3 if "ablation" in name else 4
     held = tt.recall_stream(recall.EVAL_SEED, batch_size=recall.EVAL_BATCH, num_pairs=pairs, seq_len=24)
     ours = numpy_last_position_accuracy(kept[tag], held, 1)["all"]
     assert abs(results[name]["accuracy"] - ours) < 1e-9, (name, results[name]["accuracy"], ours)
-  assert not kept["ablation3_p3"].cfg.pointer and kept["ablation3_p3"].cfg.n_slots == 32
-  assert kept["core_p4"].cfg.variant == "core" and kept["ablation3_p3"].cfg.variant == "sparse_pointer"
-  # the tables, recomputed from the saved results
-  row = results["core"]
-  assert f"| UniMatrix-Core | {row['params']:,} | {100 * row['accuracy']:.1f} | 12.9–13.7 |" in report
-  abl = results["ablation/32 slots, no pointer/p3"]
+  assert not kept[ABL].cfg.pointer and kept[ABL].cfg.n_slots == 32
+  assert kept["core_p4_s0"].cfg.variant == "core" and kept[ABL].cfg.variant == "sparse_pointer"
+  # the tables, recomputed from the saved results (one seed: the mean is the value)
+  row = results["core/s0"]
+  a = f"{100 * row['accuracy']:.1f}"
+  assert f"| UniMatrix-Core | {row['params']:,} | {a} | {a} | 12.9–13.7 |" in report
+  abl = results["ablation/32 slots, no pointer/p3/s0"]
   assert f"| 32 slots, no pointer | {100 * abl['accuracy']:.1f} | 95.7 / 90.3 / 86.6 |" in report
+  m = abl["slots"]
+  assert (f"| 32 slots, no pointer | 3 | {m['ids_per_slot']:.2f} | {100 * m['merged_slots']:.0f} | "
+          f"{m['max_key_cos']:.3f} |") in report
+
+
+ABL = "ablation_32_nopointer_p3_s0"   # the tiny recall run's ablation work dir (its model's tag)
 
 
 def test_three_token_experiment_tiny(tmp_path, monkeypatch):
