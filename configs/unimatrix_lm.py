@@ -7,7 +7,8 @@ Full (accelerator):    jaxmem reproduce --only unimatrix_lm
 
 import ml_collections
 
-MODELS = ("transformer", "transformer_matched", "core", "rosa", "discovery", "hybrid", "core_carry_state")
+MODELS = ("transformer", "transformer_matched", "core", "rosa", "discovery", "hybrid", "triple_latent",
+          "core_carry_state")
 
 
 def get_config(arg=None):

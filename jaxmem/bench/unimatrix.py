@@ -1,4 +1,4 @@
-"""``jaxmem bench unimatrix``: UniMatrix training throughput vs an equal-parameter Transformer.
+"""``jaxmem bench unimatrix``: UniMatrix training throughput vs an equal-parameter Transformer and the paper's.
 
 What is measured: tokens per second of one jitted training step — forward, backward and the
 AdamW update of :func:`jaxmem.train.loop.make_optimizer` built by
@@ -16,7 +16,10 @@ positions, so each count grows by ``64 · T``):
 * the baseline :class:`~jaxmem.models.transformer.TransformerLM` (softmax attention, 4 heads),
   twice: with the ``n_layers`` and ``d_ff`` of :func:`matched_transformer` for UniMatrix-Core's
   parameter count at the same ``T``, and for SparsePointer's. Each UniMatrix row's ratio is
-  against the Transformer of its own parameter count.
+  against the Transformer of its own parameter count;
+* the paper's Transformer (:func:`~jaxmem.models.unimatrix.baselines.paper_transformer_config`:
+  3 layers, ``d_ff = 4 · d_model``, about twice Core's parameters), the model the paper's
+  throughput claim compares with. Every row also gets a ratio against it.
 
 Every ``T`` gets the same number of tokens per step (``batch_tokens``; ``B = batch_tokens / T``),
 so tokens/s compare across lengths. A second table gives forward-only (inference) tokens/s of
@@ -45,7 +48,7 @@ from jaxmem.train.losses import lm_loss
 VOCAB, D_MODEL, N_HEADS = 259, 64, 4
 # the issue's targets for Core's training throughput / the Transformer's: {T: minimum ratio}
 TARGETS = {512: 0.5, 2048: 1.0}
-TABLE_HEAD = ["T", "model", "params", "tokens/s", "ratio vs Transformer"]
+TABLE_HEAD = ["T", "model", "params", "tokens/s", "ratio vs Transformer", "ratio vs paper's Transformer"]
 # the rows besides the Transformer's; "core_chunks" is chunked Core at the other chunk sizes (longest T only)
 MODELS = ("core", "core_recurrent", "core_chunks", "sparse_pointer")
 
@@ -56,6 +59,10 @@ def matched_transformer(target: int, max_len: int, layers: Sequence[int] = (1, 2
                                        n_heads=N_HEADS, layers=layers)
 
 
+# the paper's Transformer is always the second entry of a length's list (after the one matched to Core)
+PAPER = 1
+
+
 @dataclasses.dataclass(frozen=True)
 class _Entry:
   name: str
@@ -64,8 +71,9 @@ class _Entry:
 
 
 def _models(T: int, longest: bool, chunk_sizes: Sequence[int], models: Sequence[str]) -> list:
-  """The benchmarked models at length ``T``: the Transformer matched to Core first, then those of
-  ``models``; with SparsePointer, a second Transformer matched to it, just before it."""
+  """The benchmarked models at length ``T``: the Transformer matched to Core first, the paper's Transformer
+  second (index :data:`PAPER`), then those of ``models``; with SparsePointer, a second Transformer matched to
+  it, just before it."""
   uni = lambda **kw: (lambda: UniMatrixLM(UniMatrixConfig(max_len=T, **kw), rngs=nnx.Rngs(0)))
 
   def transformer(variant: str) -> _Entry:
@@ -74,8 +82,11 @@ def _models(T: int, longest: bool, chunk_sizes: Sequence[int], models: Sequence[
     return _Entry(f"Transformer ≈ {label} (L={cfg.n_layers}, d_ff={cfg.d_ff})",
                   lambda: TransformerLM(cfg, rngs=nnx.Rngs(0)), len(entries))
 
+  paper = baselines.paper_transformer_config(VOCAB, T, d_model=D_MODEL, n_heads=N_HEADS)
   entries = []
   entries.append(transformer("core"))
+  entries.append(_Entry(f"Transformer, paper's (L={paper.n_layers}, d_ff={paper.d_ff})",
+                        lambda: TransformerLM(paper, rngs=nnx.Rngs(0)), 0))
   core = lambda name, **kw: _Entry(name, uni(variant="core", **kw), 0)
   if "core" in models:
     entries.append(core("Core (auto = chunked, C=64)"))
@@ -126,7 +137,9 @@ def _interleaved_medians(calls: list, repeats: int) -> list:
 
 def run_unimatrix_bench(lengths: Sequence[int], batch_tokens: int, repeats: int,
                         chunk_sizes: Sequence[int] = (32, 64, 128), models: Sequence[str] = MODELS) -> list:
-  """Rows ``dict(T, model, params, train_tps, fwd_tps, train_ratio, fwd_ratio)``, in table order."""
+  """Rows ``dict(T, model, params, train_tps, fwd_tps, train_ratio, fwd_ratio, train_ratio_paper,
+  fwd_ratio_paper)``, in table order: ``*_ratio`` against the row's equal-parameter Transformer,
+  ``*_ratio_paper`` against the paper's Transformer, both timed in the same rounds."""
   unknown = [m for m in models if m not in MODELS]
   if unknown:
     raise ValueError(f"`models` must be drawn from {list(MODELS)}, got {unknown}.")
@@ -145,7 +158,8 @@ def run_unimatrix_bench(lengths: Sequence[int], batch_tokens: int, repeats: int,
     t_fwd = _interleaved_medians([c[1] for c in calls], repeats)
     for entry, n, tt, tf in zip(entries, params, t_train, t_fwd, strict=True):
       rows.append(dict(T=T, model=entry.name, params=n, train_tps=batch_tokens / tt, fwd_tps=batch_tokens / tf,
-                       train_ratio=t_train[entry.baseline] / tt, fwd_ratio=t_fwd[entry.baseline] / tf))
+                       train_ratio=t_train[entry.baseline] / tt, fwd_ratio=t_fwd[entry.baseline] / tf,
+                       train_ratio_paper=t_train[PAPER] / tt, fwd_ratio_paper=t_fwd[PAPER] / tf))
     del calls
   return rows
 
@@ -170,27 +184,30 @@ def _targets(rows: list) -> str:
 def bench_unimatrix(quick: bool = False, repeats: int = 5, *, lengths: Optional[Sequence[int]] = None,
                     batch_tokens: Optional[int] = None, chunk_sizes: Sequence[int] = (32, 64, 128),
                     models: Sequence[str] = MODELS) -> str:
-  """UniMatrix-Core / SparsePointer vs the equal-parameter Transformer: training and forward tokens/s.
+  """UniMatrix-Core / SparsePointer vs the equal-parameter and the paper's Transformer: training and forward
+  tokens/s.
 
   ``lengths`` (default 128, 512, 2048), ``batch_tokens`` (tokens per step, default 8192, quick
   4096), ``chunk_sizes`` (chunked Core at the longest length) and ``models`` (a subset of
-  :data:`MODELS`; the Transformer always runs) shrink the run, e.g. for tests.
+  :data:`MODELS`; the Transformer matched to Core and the paper's always run) shrink the run, e.g. for tests.
   """
   lengths = tuple(lengths or (128, 512, 2048))
   batch_tokens = batch_tokens or (4096 if quick else 8192)
   repeats = min(repeats, 3) if quick else repeats
   rows = run_unimatrix_bench(lengths, batch_tokens, repeats, chunk_sizes, models)
   fmt = lambda r, key: [r["T"], r["model"], f"{r['params']:,}", f"{r[key + '_tps']:,.0f}",
-                        f"{r[key + '_ratio']:.2f}×"]
+                        f"{r[key + '_ratio']:.2f}×", f"{r[key + '_ratio_paper']:.2f}×"]
   platform = jax.devices()[0].platform
   return (
-      f"### unimatrix: training throughput at equal parameters, vocab {VOCAB}, d_model {D_MODEL}, "
-      f"{batch_tokens} tokens per step, float32, {platform}\n\n"
+      f"### unimatrix: training throughput at equal parameters and against the paper's Transformer, vocab "
+      f"{VOCAB}, d_model {D_MODEL}, {batch_tokens} tokens per step, float32, {platform}\n\n"
       "Tokens/s of a jitted training step (forward + backward + AdamW, `make_train_step` on `lm_loss`), "
       f"median of {repeats} rounds after compilation (each round times every model of a `T` once, so load "
       "changes on a shared machine fall on all alike); every model has `max_len = T`. The Transformer's depth "
       "and FFN width are the pair closest to the UniMatrix model's parameter count (`matched_transformer`); "
-      "each ratio is against the Transformer of its own parameter count (the row marked ≈ that model).\n\n"
+      "each ratio is against the Transformer of its own parameter count (the row marked ≈ that model). The "
+      "last column is against the paper's Transformer (3 layers, d_ff = 4·d_model), timed in the same "
+      "rounds.\n\n"
       + markdown_table(TABLE_HEAD, [fmt(r, "train") for r in rows])
       + "\n\nTargets (Core training tokens/s over the Transformer's):\n\n" + _targets(rows)
       + "\n\nForward only (inference), same models and batches:\n\n"

@@ -1,5 +1,6 @@
-"""``jaxmem bench unimatrix`` at a tiny size: the equal-parameter match, the tables' structure, and each ratio
-recomputed from the tokens/s it divides."""
+"""``jaxmem bench unimatrix`` at a tiny size: the equal-parameter match, the paper's Transformer row, the
+tables' structure, and each ratio (against the equal-parameter and against the paper's Transformer) recomputed
+from the tokens/s it divides."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from flax import nnx
 from jaxmem.bench import BENCHES
 from jaxmem.bench.unimatrix import TABLE_HEAD, TARGETS, bench_unimatrix, matched_transformer
 from jaxmem.models import TransformerLM, count_params
+from jaxmem.models.unimatrix.baselines import paper_transformer_config
 
 pytestmark = pytest.mark.slow   # end-to-end benchmark run: `make test`, not `make test-fast`
 
@@ -50,20 +52,26 @@ def test_bench_unimatrix_tiny_tables_have_positive_finite_ratios():
   for table in (train, fwd):
     assert table[0] == TABLE_HEAD and set(table[1][0]) == {"-"}
     rows = table[2:]
-    assert [r[1].split(" ")[0] for r in rows] == ["Transformer", "Core"]
+    assert [r[1].split(" ")[0] for r in rows] == ["Transformer", "Transformer,", "Core"]
+    assert rows[1][1] == "Transformer, paper's (L=3, d_ff=256)"
     assert all(r[0] == "16" for r in rows)
-    assert rows[0][4] == "1.00×"
-    base = float(rows[0][3].replace(",", ""))
+    assert rows[0][4] == "1.00×" and rows[1][5] == "1.00×"
+    base, paper = (float(rows[i][3].replace(",", "")) for i in (0, 1))
     for r in rows:
       assert int(r[2].replace(",", "")) > 0
       tps = float(r[3].replace(",", ""))
       assert tps > 0
-      ratio = float(r[4].rstrip("×"))
-      assert math.isfinite(ratio) and ratio > 0
-      # the ratio is this row's tokens/s over the Transformer's (both printed to ±0.5, the ratio to ±0.005)
-      assert (tps - 0.5) / (base + 0.5) - 0.005 <= ratio <= (tps + 0.5) / (base - 0.5) + 0.005, (r, base)
+      # each ratio is this row's tokens/s over its baseline's: the matched Transformer's (column 4; the paper's
+      # Transformer is timed against it too) and the paper's (column 5); tokens/s printed to ±0.5, ratios ±0.005
+      for col, den in ((4, base), (5, paper)):
+        ratio = float(r[col].rstrip("×"))
+        assert math.isfinite(ratio) and ratio > 0
+        assert (tps - 0.5) / (den + 0.5) - 0.005 <= ratio <= (tps + 0.5) / (den - 0.5) + 0.005, (r, col, den)
   # equal parameters: the matched Transformer is within one FFN unit per layer of Core
   params = [int(r[2].replace(",", "")) for r in train[2:]]
-  assert abs(params[0] - params[1]) <= 4 * 129
+  assert abs(params[0] - params[2]) <= 4 * 129
+  # the paper's row is the paper's model: 3 layers, d_ff 256, at this vocabulary and T
+  paper_cfg = paper_transformer_config(259, 16)
+  assert params[1] == count_params(nnx.eval_shape(lambda: TransformerLM(paper_cfg, rngs=nnx.Rngs(0))))
   for T in TARGETS:
     assert f"T={T}: not run" in section

@@ -5,6 +5,7 @@ masked positions."""
 from __future__ import annotations
 
 import os
+import statistics
 from typing import Callable
 
 import jax
@@ -103,6 +104,13 @@ def masked_accuracy(model: nnx.Module, stream, n_batches: int, group_key: str = 
 
 def _predict(model: nnx.Module, x: jax.Array) -> jax.Array:
   return model(x).argmax(-1)
+
+
+def percent_mean_sd(values) -> str:
+  """``"m ± sd"`` in percent (sample standard deviation over seeds), or ``"m"`` for one value."""
+  values = [100 * v for v in values]
+  m = statistics.fmean(values)
+  return f"{m:.1f}" if len(values) == 1 else f"{m:.1f} ± {statistics.stdev(values):.1f}"
 
 
 def run_tag(base: str, **fields) -> str:
