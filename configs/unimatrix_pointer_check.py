@@ -1,10 +1,9 @@
 """The SparsePointer recall regression (``jaxmem/experiments/unimatrix/pointer_check.py``); each field is a
-field of ``PointerCheckSettings``. Quick and full train alike (about 7 minutes on 2 CPU cores); full scores
-on more held-out batches.
+field of ``PointerCheckSettings``. Quick and full train alike; full scores on more held-out batches.
 
     jaxmem reproduce --quick --only unimatrix_pointer_check
     jaxmem reproduce --quick --only unimatrix_pointer_check \
-      --config.unimatrix_pointer_check.options='{"slot_strength": "accumulate"}'   # the earlier merge: fails
+      --config.unimatrix_pointer_check.options='{"slot_strength": "accumulate"}'   # strengths accumulated
 """
 
 import ml_collections

@@ -49,7 +49,7 @@ the number of writes and the read ranks slots by cosine, as the paper's score ne
 written ``n`` times (a filler token) gains ``log n`` over a slot written once, while the cosine
 moves the paper's score ``cos/sqrt(D)`` by at most ``2/sqrt(D)``: once enough slots have
 ``log n > 2/sqrt(D)`` (``n = 2`` for ``D >= 9``) no query keeps a once-written slot in the top K
-(``tests/kernels/test_slots.py``; on the paper's recall task the answer slot is then never read).
+(``tests/kernels/test_slots.py``).
 
 Ageing (*): every step, written or not, every used slot except the one written this step ages
 by 1; so ``age`` counts the steps since the slot was last filled or merged, and two slots

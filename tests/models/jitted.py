@@ -13,6 +13,7 @@ from flax import nnx
 
 forward = nnx.jit(lambda module, x: module(x))
 forward2 = nnx.jit(lambda module, x, y: module(x, y))
+logits_and_aux = nnx.jit(lambda model, x: model(x, return_aux=True))
 embed_tokens = nnx.jit(lambda model, tokens: model.embed_tokens(tokens))
 logits_from_embeddings = nnx.jit(lambda model, x: model.logits_from_embeddings(x))
 read_out = nnx.jit(lambda model, h: model.read_out(h))

@@ -28,7 +28,7 @@ from jaxmem.models.unimatrix import (
 )
 from jaxmem.models.unimatrix.model import _Inputs
 from jaxmem.train.losses import recall_loss, with_ponder_cost
-from tests.models.jitted import assert_causal, forward, program_text
+from tests.models.jitted import assert_causal, forward, logits_and_aux, program_text
 
 V, T, t0 = 19, 11, 5   # vocabulary, length, the position whose logits are checked
 TINY = dict(vocab_size=V, d_model=16, n_heads=2, state_dim=5, max_len=16, n_steps=2, chunk_size=4)
@@ -313,9 +313,6 @@ def test_prev_token_slot_query_solves_the_papers_recall_by_construction_with_gat
   assert acc[8.0, "accumulate"] == 1.0 and acc[None, "gate"] == 1.0 and acc[None, "accumulate"] < 0.3, acc
 
 
-_logits_and_aux = nnx.jit(lambda model, x: model(x, return_aux=True))
-
-
 @pytest.mark.slow
 def test_write_threshold_makes_the_no_write_branch_reachable():
   """A write gate σ(w·h) is never 0, so without a threshold every token writes; with
@@ -327,12 +324,12 @@ def test_write_threshold_makes_the_no_write_branch_reachable():
   for threshold in (0.5, 0.0):
     m = UniMatrixLM(tiny("sparse_pointer", slot_write_threshold=threshold), rngs=nnx.Rngs(0))
     m.write_gate.bias[...] = jnp.full_like(m.write_gate.bias[...], -3.0)   # σ(−3) ≈ 0.047
-    before, aux = _logits_and_aux(m, x)
+    before, aux = logits_and_aux(m, x)
     gate = np.asarray(aux["slot_write_gate"])
     assert np.all(gate == 0.0) if threshold else np.all((gate > 0) & (gate < 0.5))
     m.pointer_gate.bias[...] = m.pointer_gate.bias[...] + 4.0
     m.slot_out.kernel[...] = m.slot_out.kernel[...] + 1.0   # (its bias is added to a zero context too)
-    moved[threshold] = float(np.abs(np.asarray(_logits_and_aux(m, x)[0]) - np.asarray(before)).max())
+    moved[threshold] = float(np.abs(np.asarray(logits_and_aux(m, x)[0]) - np.asarray(before)).max())
   assert moved[0.5] == 0.0 and moved[0.0] > 0.1, moved
 
 

@@ -2,10 +2,11 @@
 without dropout, each required to reach ``min_accuracy`` held out.
 
 The paper (``docs/papers/unimatrix.md``): SparsePointer 99.2% without dropout and 75.6% with 0.1 on the
-associative recall (vocabulary 64, T 128, 4 pairs). jaxmem once reported this model at chance, its own merge's
-doing (a merged slot's strength accumulated, so the answer slot was never read;
-``jaxmem.kernels.slots``): this check, with ``UniMatrixConfig(variant="sparse_pointer")`` as it comes (a
-learned query, the paper's score), fails on that code. Sizes: ``configs/unimatrix_pointer_check.py``.
+associative recall (vocabulary 64, T 128, 4 pairs). The check trains
+``UniMatrixConfig(variant="sparse_pointer")`` as it comes (a learned query, the paper's score); with
+``options={"slot_strength": "accumulate"}`` (a merged slot's strength ``s + g``, under which no query
+reaches a slot written once: ``jaxmem.kernels.slots``) it is expected to fail.
+Sizes: ``configs/unimatrix_pointer_check.py``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ class PointerCheckSettings:
   min_accuracy: float   # what every run must reach held out
   options: dict = dataclasses.field(default_factory=dict)   # UniMatrixConfig overrides (none: the defaults)
 
+  def __post_init__(self):
+    if not self.seeds or not self.dropouts:
+      raise ValueError(f"PointerCheckSettings.seeds and .dropouts must not be empty, got {self.seeds!r} and "
+                       f"{self.dropouts!r}.")
+
+
+def _options_tag(options) -> str:
+  """The overrides in the work dir's name, so that runs with other options never resume each other."""
+  return "".join(f"_{k}{v}" for k, v in sorted(dict(options).items()))
+
 
 @register("unimatrix_pointer_check", paper="unimatrix",
           description="SparsePointer with default options on the paper's recall: every seed, with and without "
@@ -37,7 +48,7 @@ class PointerCheckSettings:
           config="unimatrix_pointer_check", settings=PointerCheckSettings)
 def run(ctx: RunContext, s: PointerCheckSettings) -> ExperimentResult:
   runs = {(p, seed): train_recall(ctx, s, "sparse_pointer", s.num_pairs, {**dict(s.options), "dropout": p},
-                                  f"sparse_pointer_dropout{p}_p{s.num_pairs}", seed)
+                                  f"sparse_pointer_dropout{p}{_options_tag(s.options)}_p{s.num_pairs}", seed)
           for p in s.dropouts for seed in s.seeds}
   rows = []
   for (p, seed), r in runs.items():

@@ -69,6 +69,8 @@ class RulerSettings:
     if not self.seeds or not self.lengths:
       raise ValueError(f"RulerSettings.seeds and .lengths must not be empty, got {self.seeds!r} and "
                        f"{self.lengths!r}.")
+    if self.eval_examples < 1:
+      raise ValueError(f"RulerSettings.eval_examples must be >= 1, got {self.eval_examples!r}.")
 
 
 @functools.lru_cache(maxsize=None)

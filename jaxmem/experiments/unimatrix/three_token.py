@@ -64,6 +64,9 @@ class ThreeTokenSettings:
                          f"lr) with a name in {list(MODEL_NAMES)}, got {entry!r}.")
     if not self.seeds:
       raise ValueError("ThreeTokenSettings.seeds must name at least one seed.")
+    if self.eval_every < 1 or self.eval_batches < 1:
+      raise ValueError(f"ThreeTokenSettings.eval_every and .eval_batches must be >= 1, got {self.eval_every!r} "
+                       f"and {self.eval_batches!r}.")
 
   def budget(self, name: str) -> tuple:
     """``(train_steps, batch_size, lr)`` of model ``name``."""

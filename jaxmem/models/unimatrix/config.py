@@ -96,8 +96,9 @@ class UniMatrixConfig:
       the paper's ``1 / √d_model`` (with which ``log(strength)`` dominates the score).
     slot_strength: a merged slot's strength, ``"gate"`` (the default: the last write's gate
       ``g``, so the read ranks slots by cosine) or ``"accumulate"`` (``s + g``: a slot written
-      often outscores every slot written once, whatever the query; with the paper's score the
-      recall task's answer slot is never read); :mod:`jaxmem.kernels.slots`, WRITE.
+      often outscores every slot written once, whatever the query: with the paper's score no
+      query reaches a once-written slot, ``tests/kernels/test_slots.py``);
+      :mod:`jaxmem.kernels.slots`, WRITE.
     act: Adaptive Computation Time over depth (Graves 2016; Universal Transformer,
       Dehghani et al. 2019): per position, halt once the summed halting probabilities
       reach ``act_threshold``; the output is the halting-weighted mix of the depth states.
