@@ -36,6 +36,8 @@ WRITE (``write``), nothing at all when ``g_t <= 0`` (a boolean gate False is 0):
         s = strength_best;  key ← (s·key + g·k_t)/(s + g);  value ← (s·value + g·u_t)/(s + g)
         strength ← s + g (``strength_update="accumulate"``) or g (``"gate"``);
         id ← x_t (the latest id wins);   age ← 0
+    (with merge ids, ``slot_memory(..., merge_ids_BT=...)``: merge into the used slot last written
+    with the same id instead, whatever the cosine; ``key_ids`` holds each slot's id)
     else fill the lowest-index empty slot, if any, or else evict the oldest used slot
     (largest age; ties: lowest index) and fill it the same way:
         key ← k_t;  value ← u_t;  id ← x_t;  strength ← g;  age ← 0;  used ← True
@@ -94,6 +96,7 @@ class SlotState(NamedTuple):
   strength: jax.Array  # [B, N] float32
   age: jax.Array       # [B, N] int32
   used: jax.Array      # [B, N] bool
+  key_ids: Optional[jax.Array] = None  # [B, N] int32 merge ids (slot_memory's merge_ids_BT), -1: none
 
 
 class SlotReadout(NamedTuple):
@@ -114,7 +117,8 @@ def init(batch: int, n_slots: int, d_key: int, d_value: int, dtype=jnp.float32) 
   return SlotState(
       keys=jnp.zeros((B, N, d_key), dtype), values=jnp.zeros((B, N, d_value), dtype),
       ids=jnp.full((B, N), -1, jnp.int32), strength=jnp.zeros((B, N), jnp.float32),
-      age=jnp.zeros((B, N), jnp.int32), used=jnp.zeros((B, N), bool))
+      age=jnp.zeros((B, N), jnp.int32), used=jnp.zeros((B, N), bool),
+      key_ids=jnp.full((B, N), -1, jnp.int32))
 
 
 # --------------------------------------------------------------------------------------
@@ -152,15 +156,21 @@ def _read(state: SlotState, query_BD, top_k: int, temperature: float, cos_scale:
 
 
 def _write(state: SlotState, key_BD, value_BV, id_B, gate_B, threshold: float,
-           strength_update: str = "gate") -> SlotState:
+           strength_update: str = "gate", merge_id_B=None) -> SlotState:
   N = state.keys.shape[1]
   used_BN = state.used
   slot_1N = jnp.arange(N)[None, :]
   g_B1 = gate_B.astype(jnp.float32)[:, None]
   write_B1 = g_B1 > 0
-  cos_BN = jnp.where(used_BN, _cosines(key_BD, state.keys), -jnp.inf)
-  best_B1 = jnp.argmax(cos_BN, axis=1, keepdims=True)  # first maximum: lowest index
-  merge_B1 = write_B1 & (jnp.max(cos_BN, axis=1, keepdims=True) > threshold)  # -inf: none used
+  if merge_id_B is None:  # the paper's merge: the most similar used key, if its cosine is above threshold
+    cos_BN = jnp.where(used_BN, _cosines(key_BD, state.keys), -jnp.inf)
+    best_B1 = jnp.argmax(cos_BN, axis=1, keepdims=True)  # first maximum: lowest index
+    merge_B1 = write_B1 & (jnp.max(cos_BN, axis=1, keepdims=True) > threshold)  # -inf: none used
+    key_ids = state.key_ids
+  else:  # merge by id: the used slot last written with the same merge id (at most one holds it)
+    same_BN = used_BN & (state.key_ids == merge_id_B.astype(jnp.int32)[:, None])
+    best_B1 = jnp.argmax(same_BN, axis=1, keepdims=True)
+    merge_B1 = write_B1 & jnp.any(same_BN, axis=1, keepdims=True)
   empty_B1 = jnp.argmax(~used_BN, axis=1, keepdims=True)  # lowest-index empty slot
   oldest_B1 = jnp.argmax(jnp.where(used_BN, state.age, -1), axis=1, keepdims=True)  # ties: lowest
   target_B1 = jnp.where(merge_B1, best_B1,
@@ -177,6 +187,8 @@ def _write(state: SlotState, key_BD, value_BV, id_B, gate_B, threshold: float,
                            value_BV.astype(jnp.float32))
   strength_B1 = jnp.where(merge_B1, s_B1 + g_B1, g_B1) if strength_update == "accumulate" else g_B1
 
+  if merge_id_B is not None:
+    key_ids = jnp.where(sel_BN, merge_id_B.astype(jnp.int32)[:, None], state.key_ids)
   put_rows = lambda new_BX, old_BNX: jnp.where(sel_BN[:, :, None], new_BX[:, None, :].astype(old_BNX.dtype),
                                                old_BNX)
   return SlotState(
@@ -185,7 +197,7 @@ def _write(state: SlotState, key_BD, value_BV, id_B, gate_B, threshold: float,
       ids=jnp.where(sel_BN, id_B.astype(jnp.int32)[:, None], state.ids),
       strength=jnp.where(sel_BN, strength_B1, state.strength),
       age=jnp.where(sel_BN, 0, jnp.where(used_BN, state.age + 1, state.age)),
-      used=used_BN | sel_BN)
+      used=used_BN | sel_BN, key_ids=key_ids)
 
 
 # jitted entry points (the options are static) so that eager calls reuse one compilation
@@ -195,15 +207,16 @@ _write_jit = jax.jit(_write, static_argnums=(5, 6))
 
 @functools.partial(jax.jit, static_argnums=(6, 7, 8, 9, 10, 11))
 def _scan(state, queries_BTD, keys_BTD, values_BTV, ids_BT, gate_BT, top_k, threshold, temperature,
-          vocab_size, cos_scale=None, strength_update="gate"):
-  time_major = lambda x: jnp.swapaxes(x, 0, 1)
+          vocab_size, cos_scale=None, strength_update="gate", merge_ids_BT=None):
+  time_major = lambda x: None if x is None else jnp.swapaxes(x, 0, 1)
 
   def one_token(state, inputs):
-    q_BD, k_BD, v_BV, x_B, g_B = inputs
+    q_BD, k_BD, v_BV, x_B, g_B, m_B = inputs
     context_BV, w_BN = _read(state, q_BD, top_k, temperature, cos_scale)
-    return _write(state, k_BD, v_BV, x_B, g_B, threshold, strength_update), (context_BV, w_BN, state.ids)
+    return (_write(state, k_BD, v_BV, x_B, g_B, threshold, strength_update, m_B),
+            (context_BV, w_BN, state.ids))
 
-  xs = tuple(map(time_major, (queries_BTD, keys_BTD, values_BTV, ids_BT, gate_BT)))
+  xs = tuple(map(time_major, (queries_BTD, keys_BTD, values_BTV, ids_BT, gate_BT, merge_ids_BT)))
   final, (context_TBV, w_TBN, ids_TBN) = jax.lax.scan(one_token, state, xs)
   weights_BTN, slot_ids_BTN = time_major(w_TBN), time_major(ids_TBN)
   pointer = None if vocab_size is None else _pointer(weights_BTN, slot_ids_BTN, vocab_size)
@@ -411,7 +424,7 @@ def slot_memory(queries_BTD, keys_BTD, values_BTV, ids_BT, *, n_slots: int, top_
                 threshold: float = 0.85, temperature: float = 8.0, write_gate_BT=None,
                 vocab_size: Optional[int] = None, initial_state: Optional[SlotState] = None,
                 return_state: bool = False, cos_scale: Optional[float] = None,
-                strength_update: str = "gate"):
+                strength_update: str = "gate", merge_ids_BT=None):
   """The slot memory run over a sequence: per token a read, then a write (``lax.scan``).
 
   Args:
@@ -433,6 +446,11 @@ def slot_memory(queries_BTD, keys_BTD, values_BTV, ids_BT, *, n_slots: int, top_
       None is the paper's ``1 / √D`` (finite and > 0 otherwise).
     strength_update: a merged slot's strength, ``"accumulate"`` (``s + g``) or ``"gate"`` (``g``);
       module docstring, WRITE.
+    merge_ids_BT: ``[B, T]`` integer ids ``>= 0`` deciding merges instead of the key cosine: a
+      write merges into the used slot last written with the same merge id, else fills or evicts
+      (``threshold`` is then unused; slots of an ``initial_state`` without ``key_ids`` never
+      match). UniMatrix passes the key's token id ``x_{t−1}``, so that two tokens whose key
+      embeddings grow similar keep separate slots. None: the paper's cosine merge.
 
   Returns:
     :class:`SlotReadout` (context in the dtype of ``values_BTV``), and with
@@ -466,14 +484,21 @@ def slot_memory(queries_BTD, keys_BTD, values_BTV, ids_BT, *, n_slots: int, top_
   _check_ids("ids_BT", ids_BT, vocab_size)
   if write_gate_BT is not None:
     _check_gate("write_gate_BT", write_gate_BT, (B, T))
+  if merge_ids_BT is not None:
+    if check_rank("merge_ids_BT", merge_ids_BT, 2, "B, T") != (B, T):
+      raise ValueError(f"`merge_ids_BT` must have shape [B, T] = {(B, T)}, got {shape_of(merge_ids_BT)}.")
+    _check_ids("merge_ids_BT", merge_ids_BT, None)
   if initial_state is None:
     dtype = jnp.promote_types(jnp.result_type(keys_BTD, values_BTV), jnp.float32)
     initial_state = init(B, n_slots, D, V, dtype)
   else:
     check_state(initial_state, batch=B, n_slots=n_slots, d_key=D, d_value=V)
+    if merge_ids_BT is not None and initial_state.key_ids is None:
+      initial_state = initial_state._replace(key_ids=jnp.full((B, n_slots), -1, jnp.int32))
 
   gate_BT = (jnp.ones((B, T), jnp.float32) if write_gate_BT is None
              else jnp.asarray(write_gate_BT, jnp.float32))
   readout, final = _scan(initial_state, queries_BTD, keys_BTD, values_BTV, ids_BT, gate_BT,
-                         top_k, threshold, temperature, vocab_size, cos_scale, strength_update)
+                         top_k, threshold, temperature, vocab_size, cos_scale, strength_update,
+                         merge_ids_BT)
   return (readout, final) if return_state else readout

@@ -334,6 +334,37 @@ def test_repeated_key_merges_as_a_strength_weighted_mean():
     np.testing.assert_array_equal(st.age[0], [1, 2, 0])
 
 
+def test_merge_ids_decide_merges_instead_of_the_cosine():
+  """With merge ids a write merges into the used slot last written with the same id, whatever the keys'
+  cosine: equal keys with ids 2, 1 keep two slots, orthogonal keys with id 2 merge (a gate-weighted mean of
+  e0 and e1), and a later id 3 fills; without merge ids the equal keys merge. Evicting a slot replaces its
+  id."""
+  D, e = HAND["D"], EYE
+  keys, values = [e[0], e[0], e[1], e[1], e[2]], [[1.0, 0.0], [0.0, 1.0], [3.0, 3.0], [5.0, 5.0], [7.0, 7.0]]
+  T = HAND["T"]
+  pad_v = pad(values, HAND["V"])[None]
+  k = pad(keys, D)[None]
+  x = np.zeros((1, T), np.int32)
+  _, st = slot_memory(k, k, pad_v, x, n_slots=HAND["N"], top_k=HAND["top_k"], return_state=True,
+                      merge_ids_BT=np.array([[2, 1, 2, 3, 4]], np.int32))
+  # t0 id 2 -> slot 0; t1 id 1 -> slot 1 (cos 1, not merged); t2 id 2 merges into slot 0; t3 id 3 -> slot 2;
+  # t4 id 4: memory full, evicts the oldest (slot 1, last written at t1)
+  np.testing.assert_array_equal(st.key_ids[0], [2, 4, 3])
+  np.testing.assert_allclose(st.keys[0, 0, :2], [0.5, 0.5], atol=1e-6)
+  np.testing.assert_allclose(st.values[0, 0], [2.0, 1.5], atol=1e-6)
+  np.testing.assert_allclose(st.keys[0, 1, :3], e[2][:3])
+  _, st = slot_memory(k, k, pad_v, x, n_slots=HAND["N"], top_k=HAND["top_k"], return_state=True)
+  np.testing.assert_array_equal(st.used[0], [True, True, True])   # cosine: e0 twice merges, e1 twice merges
+  np.testing.assert_allclose(st.values[0, 0], [0.5, 0.5], atol=1e-6)
+  np.testing.assert_array_equal(st.key_ids[0], [-1, -1, -1])     # untouched without merge ids
+  for bad, match in ((np.ones((1, T), np.float32), "integer"), (np.full((1, T), -1, np.int32), "non-negative"),
+                     (np.ones((1, T + 1), np.int32), r"shape \[B, T\]")):
+    with pytest.raises(ValueError, match="merge_ids_BT"):
+      slot_memory(k, k, pad_v, x, n_slots=HAND["N"], top_k=HAND["top_k"], merge_ids_BT=bad)
+    with pytest.raises(ValueError, match=match):
+      slot_memory(k, k, pad_v, x, n_slots=HAND["N"], top_k=HAND["top_k"], merge_ids_BT=bad)
+
+
 def test_fill_then_evict_the_oldest():
   out, st = run(EYE[:5])
   # tokens 0, 1, 2 fill slots 0, 1, 2; token 3 evicts slot 0 (oldest), token 4 slot 1

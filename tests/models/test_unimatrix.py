@@ -52,7 +52,7 @@ CASES = [(v, {}) for v in VARIANTS] + [
     ("core", dict(act=True, deep_embed=True, rosa="automaton", step_embed=True, remat=True,
                   rosa_modulation="token", retention="channel")),
     ("sparse_pointer", dict(act=True, write_gate=False, rosa="prev_token", mode="recurrent")),
-    ("sparse_pointer", dict(slot_query="prev_token", slot_cos_scale=8.0)),
+    ("sparse_pointer", dict(slot_query="prev_token", slot_cos_scale=8.0, slot_merge="key_id")),
     ("core", dict(n_slots=4, pointer=True, write_gate=True, dense_memory=True, spectral_norm=True,
                   updates="hybrid",
                   positions="none")),
@@ -333,6 +333,27 @@ def test_write_threshold_makes_the_no_write_branch_reachable():
   assert moved[0.5] == 0.0 and moved[0.0] > 0.1, moved
 
 
+@pytest.mark.slow
+def test_slot_merge_by_key_id_keeps_tokens_with_equal_embeddings_apart():
+  """Tokens 5 and 6 get the same embedding row. In [5, 20, 6, 21, 5, 7] the reads use the query E[x_{t−1}]
+  with a strong cosine, so at the last position (query E[5]) the pointer goes to what followed 5. Merging by
+  cosine (the paper) puts both writes (keys E[5] = E[6]) in one slot whose id is the latest, 21; merging by
+  key id keeps two slots with ids 20 and 21 and equal scores, so the pointer moves about half its mass from
+  21 to 20 (softplus(5) ≈ 5 logits in all)."""
+  x = jnp.asarray([[5, 20, 6, 21, 5, 7]])
+  gap = {}
+  for merge in ("cosine", "key_id"):
+    m = UniMatrixLM(tiny("sparse_pointer", write_gate=False, slot_query="prev_token", slot_cos_scale=8.0,
+                         slot_merge=merge, vocab_size=32), rngs=nnx.Rngs(0))
+    table = np.array(m.embed.embedding[...])
+    table[6] = table[5]
+    m.embed.embedding[...] = table
+    m.pointer_gate.bias[...] = jnp.full_like(m.pointer_gate.bias[...], 5.0)
+    logits = np.asarray(forward(m, x))[0, 5]
+    gap[merge] = float(logits[20] - logits[21])
+  assert gap["key_id"] - gap["cosine"] > 3.0, gap   # about 5 (weights a little under 1/2 each)
+
+
 # --- sizes ---------------------------------------------------------------------------------
 
 PAPER = dict(vocab_size=259, d_model=64, n_steps=3, n_heads=4, state_dim=16, max_len=128)
@@ -429,6 +450,7 @@ def test_rosa_modulation_is_conditioned_on_the_rosa_row_or_the_current_token():
     (dict(slot_query="key"), "slot_query must be one of"),
     (dict(slot_cos_scale=-1.0), "slot_cos_scale"),
     (dict(slot_strength="sum"), "slot_strength must be one of"),
+    (dict(slot_merge="id"), "slot_merge must be one of"),
     (dict(variant="sparse_pointer", slot_write_threshold=1.0), r"slot_write_threshold must be in \[0, 1\)"),
     (dict(variant="sparse_pointer", write_gate=False, slot_write_threshold=0.5), "needs write_gate=True"),
     (dict(act=True, carry_state=True), "carry_state"),

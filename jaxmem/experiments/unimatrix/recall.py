@@ -62,6 +62,8 @@ EXTRA_ROWS = {
     "accumulate": ("32 slots + pointer, strengths accumulated", dict(n_slots=32, slot_strength="accumulate")),
     # the slot query in the keys' own space (E[x_{t−1}]) instead of learned: the lookup by construction
     "prev_token": ("32 slots + pointer, query E[x_{t−1}]", dict(n_slots=32, slot_query="prev_token")),
+    # merges by the key's token id instead of the cosine: distinct key tokens never share a slot
+    "merge_by_id": ("32 slots + pointer, merge by key id", dict(n_slots=32, slot_merge="key_id")),
 }
 
 
@@ -104,7 +106,7 @@ def slot_merge_stats(model: nnx.Module, stream, n_batches: int = 1) -> dict:
   """How the trained model's slot memory merged distinct key tokens, on ``stream``'s first batches.
 
   Replays the model's own slot writes (keys ``E[x_{t−1}]`` from its embedding, its write gate, its
-  threshold and strength update) up to the answer's read (positions ``< T − 1``) with one-hot values
+  merge rule and strength update) up to the answer's read (positions ``< T − 1``) with one-hot values
   of the key token, so that a slot's final value has one nonzero entry per distinct key token merged
   into it since it was filled. Returns ``max_key_cos`` (largest cosine between the embeddings of two
   distinct tokens occurring in the inputs), ``ids_per_slot`` (mean distinct key tokens per used slot)
@@ -125,7 +127,8 @@ def slot_merge_stats(model: nnx.Module, stream, n_batches: int = 1) -> dict:
     g = None if gate is None else np.asarray(gate)[:, :-1]
     _, state = slot_memory(keys, keys, values, np.zeros(x.shape, np.int32), n_slots=cfg.n_slots,
                            top_k=cfg.slot_top_k, threshold=cfg.slot_threshold, write_gate_BT=g,
-                           strength_update=cfg.slot_strength, return_state=True)
+                           strength_update=cfg.slot_strength, return_state=True,
+                           merge_ids_BT=prev.astype(np.int32) if cfg.slot_merge == "key_id" else None)
     counts = (np.asarray(state.values) > 0).sum(-1)[np.asarray(state.used)]
     ids_per_slot.append(counts.mean())
     merged.append((counts > 1).mean())

@@ -34,6 +34,7 @@ VARIANTS = ("core", "rosa", "discovery", "assoc", "sparse_pointer")
 ROSA_SOURCES = ("none", "prev_token", "automaton")
 ROSA_MODULATIONS = ("rosa", "token")
 SLOT_QUERIES = ("hidden", "prev_token")
+SLOT_MERGES = ("cosine", "key_id")
 
 _OFF = dict(updates="outer", rosa="none", deep_embed=False, step_embed=False, spectral_norm=False,
             dense_memory=False, n_slots=0, pointer=False, write_gate=False)
@@ -83,6 +84,10 @@ class UniMatrixConfig:
     n_slots: slots of the sparse slot memory (0: none; 32 in SparsePointer).
     pointer: pointer-logit fusion (the slot read's weights scattered onto their token ids).
     write_gate: a learned per-token write gate ``σ(w · h)`` on slot writes.
+    slot_merge: what merges a write into a used slot: "cosine" (the paper: the key's cosine
+      with the slot's key above ``slot_threshold``) or "key_id" (the slot last written with the
+      same key token ``x_{t−1}``: distinct tokens never share a slot, however close their
+      embeddings drift; :func:`jaxmem.kernels.slots.slot_memory`'s ``merge_ids_BT``).
     slot_write_threshold: with ``write_gate``, a token writes only where ``σ(w · h) >
       slot_write_threshold`` (then with weight and strength ``σ(w · h)``; elsewhere the slot
       kernel's "no write" branch: nothing written, gradient 0). 0 (the default; the paper is
@@ -146,6 +151,7 @@ class UniMatrixConfig:
   slot_temperature: float = 8.0
   slot_query: str = "hidden"
   slot_cos_scale: Optional[float] = None
+  slot_merge: str = "cosine"
   slot_write_threshold: float = 0.0
   slot_strength: str = "gate"
   act: bool = False
@@ -198,6 +204,9 @@ class UniMatrixConfig:
     if self.slot_strength not in STRENGTH_UPDATES:
       raise ValueError(f"UniMatrixConfig.slot_strength must be one of {list(STRENGTH_UPDATES)}, "
                        f"got {self.slot_strength!r}.")
+    if self.slot_merge not in SLOT_MERGES:
+      raise ValueError(f"UniMatrixConfig.slot_merge must be one of {list(SLOT_MERGES)}, "
+                       f"got {self.slot_merge!r}.")
     if self.slot_query not in SLOT_QUERIES:
       raise ValueError(f"UniMatrixConfig.slot_query must be one of {list(SLOT_QUERIES)}, "
                        f"got {self.slot_query!r}.")

@@ -302,6 +302,11 @@ class UniMatrixLM(nnx.Module):
     (_, out, _, _, ponder), _ = jax.lax.scan(body, init, (xs, jnp.arange(n_steps)))
     return out, ponder
 
+  def _merge_ids(self, inp: _Inputs):
+    """The key token ``x_{t−1}`` of each write (``vocab_size`` at ``t = 0``, no previous token)."""
+    ids = jax.lax.stop_gradient(inp.ids)
+    return jnp.pad(ids[:, :-1], ((0, 0), (1, 0)), constant_values=self.cfg.vocab_size)
+
   def _slots(self, h, inp: _Inputs, key=None):
     """The sparse slot memory over the final states: context under a gate, pointer logits."""
     cfg = self.cfg
@@ -316,7 +321,8 @@ class UniMatrixLM(nnx.Module):
         query, keys, inp.rows(table), inp.ids, n_slots=cfg.n_slots,
         top_k=cfg.slot_top_k, threshold=cfg.slot_threshold, temperature=cfg.slot_temperature,
         write_gate_BT=gate, vocab_size=cfg.vocab_size if cfg.pointer else None, cos_scale=cfg.slot_cos_scale,
-        strength_update=cfg.slot_strength)
+        strength_update=cfg.slot_strength,
+        merge_ids_BT=self._merge_ids(inp) if cfg.slot_merge == "key_id" else None)
     h = h + jax.nn.sigmoid(self.slot_gate(z)) * _dropout(self.drop, self.slot_out(read.context), key, 0)
     pointer = None
     if self.pointer_gate is not None:

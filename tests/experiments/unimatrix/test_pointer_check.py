@@ -3,6 +3,7 @@ pass / fail bookkeeping end to end at tiny size."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -40,6 +41,13 @@ def test_slot_merge_stats_counts_distinct_tokens_sharing_a_slot():
   seq = [[1, 5, 20, 6, 21, 5, 23, 9]]   # the last token (9) is not written before the answer's read
   stats = recall.slot_merge_stats(model, _Stream(seq))
   assert stats["ids_per_slot"] == pytest.approx(6 / 5) and stats["merged_slots"] == pytest.approx(1 / 5)
+  assert stats["max_key_cos"] == pytest.approx(1.0, abs=1e-5)
+  # merged by key id (slot_merge="key_id"), the same equal rows keep separate slots
+  by_id = UniMatrixLM(dataclasses.replace(cfg, slot_merge="key_id"), rngs=nnx.Rngs(0))
+  by_id.embed.embedding[...] = table
+  by_id.eval()
+  stats = recall.slot_merge_stats(by_id, _Stream(seq))
+  assert stats["ids_per_slot"] == 1.0 and stats["merged_slots"] == 0.0
   assert stats["max_key_cos"] == pytest.approx(1.0, abs=1e-5)
   # distinct rows again: nothing merges, and the largest cosine is that of two random rows
   table[6] = -table[20]
