@@ -206,24 +206,32 @@ def test_gradients_recurrent_equal_chunked_and_finite_differences(variant):
     lr[0, 1, 0] = lr[1, 2:4, 1] = 0.0
     lr[0, 4, 1] = lr[1, 0] = -np.inf
     args[3] = jnp.asarray(lr)
-    argnums = tuple(i for i, a in enumerate(args) if a is not None)
-    r = np.random.default_rng(9)
-    c_o, c_S = r.normal(size=(B, T, H, S)), r.normal(size=(B, H, S, S))
+    _assert_gradients_match_each_other_and_finite_differences(variant, args, np.random.default_rng(9))
 
-    def f_np(q, k, v, log_rho, d, mix, S0):
-      o, S_T, _ = numpy_matrix_state(q, k, v, np.exp(log_rho), d, mix, S0)
-      return np.sum(c_o * o) + np.sum(c_S * S_T)
 
-    grads = {mode: log_rho_grads(mode, *args, c_o, c_S, wrt=argnums) for mode in ("recurrent", "chunked")}
-    for i in argnums:
-      a, b = np.asarray(grads["recurrent"][i]), np.asarray(grads["chunked"][i])
-      name = f"{variant} d/d{GRAD_NAMES[i]}"
-      assert a.dtype == np.float64 and np.all(np.isfinite(a)) and np.all(np.isfinite(b)), name
-      assert np.any(a != 0), name
-      np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11, err_msg=name)
-      u = r.normal(size=a.shape)
-      np.testing.assert_allclose(float(np.sum(a * u)), _directional_fd(f_np, args, i, u), rtol=1e-6,
-                                 atol=1e-8, err_msg=name)
+def _assert_gradients_match_each_other_and_finite_differences(variant, args, r):
+  """float64 ``args`` (under ``jax.enable_x64``): the recurrent and chunked forms' gradients of a random
+  projection of ``(o, S_T)`` agree elementwise, and each argument's gradient matches a central difference
+  of the numpy loop along a random direction (``r`` draws the projection and the directions)."""
+  B, T, H, S = np.shape(args[0])
+  argnums = tuple(i for i, a in enumerate(args) if a is not None)
+  c_o, c_S = r.normal(size=(B, T, H, S)), r.normal(size=(B, H, S, S))
+
+  def f_np(q, k, v, log_rho, d, mix, S0):
+    o, S_T, _ = numpy_matrix_state(q, k, v, np.exp(log_rho), d, mix, S0)
+    return np.sum(c_o * o) + np.sum(c_S * S_T)
+
+  grads = {mode: log_rho_grads(mode, *args, c_o, c_S, wrt=argnums) for mode in ("recurrent", "chunked")}
+  for i in argnums:
+    a, b = np.asarray(grads["recurrent"][i]), np.asarray(grads["chunked"][i])
+    name = f"{variant} d/d{GRAD_NAMES[i]}"
+    assert a.dtype == np.float64 and a.shape == np.shape(args[i]), name
+    assert np.all(np.isfinite(a)) and np.all(np.isfinite(b)), name
+    assert np.any(a != 0), name
+    np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11, err_msg=name)
+    u = r.normal(size=a.shape)
+    np.testing.assert_allclose(float(np.sum(a * u)), _directional_fd(f_np, args, i, u), rtol=1e-6,
+                               atol=1e-8, err_msg=name)
 
 
 # ----------------------------------------------------------------------------------------
@@ -443,24 +451,7 @@ def test_per_channel_gradients_recurrent_equal_chunked_and_finite_differences(va
   with jax.enable_x64(True):
     args = list(make_inputs(B, T, H, S, variant, seed=22, dtype=np.float64))
     args[3] = channel_log_rho(B, T, H, S, seed=23, dtype=np.float64)
-    argnums = tuple(i for i, a in enumerate(args) if a is not None)
-    r = np.random.default_rng(24)
-    c_o, c_S = r.normal(size=(B, T, H, S)), r.normal(size=(B, H, S, S))
-
-    def f_np(q, k, v, log_rho, d, mix, S0):
-      o, S_T, _ = numpy_matrix_state(q, k, v, np.exp(log_rho), d, mix, S0)
-      return np.sum(c_o * o) + np.sum(c_S * S_T)
-
-    grads = {mode: log_rho_grads(mode, *args, c_o, c_S, wrt=argnums) for mode in ("recurrent", "chunked")}
-    for i in argnums:
-      a, b = np.asarray(grads["recurrent"][i]), np.asarray(grads["chunked"][i])
-      name = f"{variant} d/d{GRAD_NAMES[i]}"
-      assert a.shape == np.shape(args[i]) and np.all(np.isfinite(a)) and np.all(np.isfinite(b)), name
-      assert np.any(a != 0), name
-      np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11, err_msg=name)
-      u = r.normal(size=a.shape)
-      np.testing.assert_allclose(float(np.sum(a * u)), _directional_fd(f_np, args, i, u), rtol=1e-6,
-                                 atol=1e-8, err_msg=name)
+    _assert_gradients_match_each_other_and_finite_differences(variant, args, np.random.default_rng(24))
 
 
 def test_per_channel_step_over_a_sequence_equals_the_sequence_form_and_numpy_with_spectral_norm():

@@ -23,6 +23,7 @@ from jaxmem.models import count_params
 from jaxmem.models.unimatrix.baselines import matched_transformer
 from jaxmem.tasks import unimatrix as tt
 from tests.conftest import forward
+from tests.experiments.unimatrix.trained import keep_models, keep_trained
 
 pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `make test-fast`
 
@@ -43,18 +44,6 @@ def test_configs_load(name):
 def test_unknown_model_name():
   with pytest.raises(ValueError, match="unknown model"):
     common.model_factory("mamba", vocab_size=64, max_len=16)
-
-
-def keep_models(monkeypatch, module) -> dict:
-  kept, orig = {}, module.train_on_stream
-
-  def wrapped(init, stream, n_steps, lr, workdir, progress, **kw):
-    model, history = orig(init, stream, n_steps, lr, workdir, progress, **kw)
-    kept[workdir.name.split("-")[0]] = model
-    return model, history
-
-  monkeypatch.setattr(module, "train_on_stream", wrapped)
-  return kept
 
 
 def numpy_last_position_accuracy(model, stream, n_batches, group=None):
@@ -130,15 +119,8 @@ ABL = "ablation_32_nopointer_p3_s0"   # the tiny recall run's ablation work dir 
 
 def test_three_token_experiment_tiny(tmp_path, monkeypatch):
   # one model under its own budget, two seeds: per-task held-out scoring over seeds, steps to 100%, both tables
-  trained = {}
-  orig = three_token.train
-
-  def keep(task, cfg, workdir, **kw):
-    r = orig(task, cfg, workdir, **kw)
-    trained[workdir.name.split("-")[0]] = (r.model, cfg, task.train_iter.seed)
-    return r
-
-  monkeypatch.setattr(three_token, "train", keep)
+  trained = keep_trained(monkeypatch, three_token,
+                         lambda r, task, cfg: (r.model, cfg, task.train_iter.seed))
   out = tmp_path / "t"
   C = "--config.unimatrix_three_token."
   args = [C + "models=('typed_latent',)", C + "train_steps=2", C + "batch_size=4", C + "seeds=(0, 1)",
@@ -212,15 +194,7 @@ def test_lm_experiment_tiny(tmp_path, monkeypatch, synthetic_data_dir):
           "--config.unimatrix_lm.batch_size=2", "--config.unimatrix_lm.paper_steps=1",
           "--config.unimatrix_lm.curve_steps=2", "--config.unimatrix_lm.eval_every=1",
           "--config.unimatrix_lm.eval_windows=2", "--config.unimatrix_lm.corpora=('tinyshakespeare',)"]
-  trained = {}
-  orig = lm.train
-
-  def keep(task, cfg, workdir, **kw):
-    r = orig(task, cfg, workdir, **kw)
-    trained[workdir.name.split("-")[0]] = r.model
-    return r
-
-  monkeypatch.setattr(lm, "train", keep)
+  trained = keep_trained(monkeypatch, lm)
   assert main(["reproduce", "--quick", "--only", "unimatrix_lm", "--out", str(out), "--no_progress",
                *args]) == 0
   report = (out / "REPORT.md").read_text()

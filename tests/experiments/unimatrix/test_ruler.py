@@ -21,6 +21,7 @@ from jaxmem.experiments import load_all
 from jaxmem.experiments.unimatrix import ruler as exp
 from jaxmem.tasks import ruler
 from tests.conftest import forward
+from tests.experiments.unimatrix.trained import keep_trained
 
 pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `make test-fast`
 
@@ -70,15 +71,7 @@ def python_greedy(model, tokens, start: int, n: int) -> np.ndarray:
 
 
 def test_ruler_experiment_tiny(tmp_path, monkeypatch):
-  trained = {}
-  orig = exp.train
-
-  def keep(task, cfg, workdir, **kw):
-    r = orig(task, cfg, workdir, **kw)
-    trained[workdir.name.split("-")[0]] = r.model
-    return r
-
-  monkeypatch.setattr(exp, "train", keep)
+  trained = keep_trained(monkeypatch, exp)
   out = tmp_path / "r"
   length = ruler.min_length("niah_single_1")
   C = "--config.unimatrix_ruler."
