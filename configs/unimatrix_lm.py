@@ -17,11 +17,11 @@ def get_config(arg=None):
     # Discovery (recurrent form with an SVD per token for its spectral norm) is left to the full size
     c.update(corpora=("tinyshakespeare", "wikitext2"), models=tuple(m for m in MODELS if m != "discovery"),
              seq_len=128, batch_size=16, paper_steps=80, paper_lr=3e-4, curve_steps=300, curve_lr=3e-3,
-             eval_every=100, eval_windows=32)
+             eval_every=100, eval_windows=32, seeds=(0, 1, 2))
   elif arg in (None, "full"):
     c.update(corpora=("tinyshakespeare", "wikitext2"), models=MODELS, seq_len=128, batch_size=16,
-             paper_steps=80,
-             paper_lr=3e-4, curve_steps=20000, curve_lr=2e-3, eval_every=1000, eval_windows=256)
+             paper_steps=80, paper_lr=3e-4, curve_steps=20000, curve_lr=2e-3, eval_every=1000, eval_windows=256,
+             seeds=(0, 1, 2))
   else:
     raise ValueError(f"unimatrix_lm config variant must be 'quick' or 'full', got {arg!r}.")
   return c

@@ -106,11 +106,15 @@ def _predict(model: nnx.Module, x: jax.Array) -> jax.Array:
   return model(x).argmax(-1)
 
 
-def percent_mean_sd(values) -> str:
-  """``"m ± sd"`` in percent (sample standard deviation over seeds), or ``"m"`` for one value."""
-  values = [100 * v for v in values]
+def mean_sd(values, fmt: str = ".3f") -> str:
+  """``"m ± sd"`` (sample standard deviation over seeds), or ``"m"`` for one value, formatted by ``fmt``."""
   m = statistics.fmean(values)
-  return f"{m:.1f}" if len(values) == 1 else f"{m:.1f} ± {statistics.stdev(values):.1f}"
+  return f"{m:{fmt}}" if len(values) == 1 else f"{m:{fmt}} ± {statistics.stdev(values):{fmt}}"
+
+
+def percent_mean_sd(values) -> str:
+  """:func:`mean_sd` in percent, one decimal."""
+  return mean_sd([100 * v for v in values], ".1f")
 
 
 def run_tag(base: str, **fields) -> str:

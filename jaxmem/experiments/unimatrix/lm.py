@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import time
 
 from jaxmem.data import CorpusNotFoundError, RandomWindows, load_corpus, ngram_bpb
 from jaxmem.experiments import ExperimentResult, RunContext, SkipExperiment, Table, register
-from jaxmem.experiments.unimatrix.common import LABELS, model_factory, run_tag
+from jaxmem.experiments.unimatrix.common import LABELS, mean_sd, model_factory, run_tag
 from jaxmem.models import count_params
 from jaxmem.results import pyplot
 from jaxmem.train.config import TrainConfig
@@ -60,6 +61,7 @@ class LMSettings:
   curve_lr: float
   eval_every: int
   eval_windows: int       # validation windows per curve point (the final number also uses the whole split)
+  seeds: tuple = (0,)     # each model trained once per seed (initialisation and batches); tables give mean ± sd
 
 
 def _train(ctx, s: LMSettings, name: str, corpus, cfg: TrainConfig, tag: str, full_final: bool):
@@ -75,12 +77,27 @@ def _train(ctx, s: LMSettings, name: str, corpus, cfg: TrainConfig, tag: str, fu
                    train_iter=RandomWindows(corpus["train"], s.seq_len, s.batch_size, seed=cfg.seed),
                    evaluate=evaluate)
   t0 = time.perf_counter()
-  workdir = ctx.outdir / run_tag(tag, T=s.seq_len, steps=cfg.n_steps, bs=s.batch_size, lr=cfg.lr)
+  workdir = ctx.outdir / run_tag(tag, T=s.seq_len, steps=cfg.n_steps, bs=s.batch_size, lr=cfg.lr, seed=cfg.seed)
   result = train(task, cfg, workdir, progress=ctx.progress)
   curve = [(r["step"], r["val_bpb"]) for r in result.history if "val_bpb" in r]
   final = next((r["val_bpb_full"] for r in reversed(result.history) if "val_bpb_full" in r), curve[-1][1])
   return {"params": count_params(result.model), "final_bpb": final,
           "curve": curve, "seconds": time.perf_counter() - t0}
+
+
+def _over_seeds(runs) -> dict:
+  """One model's ``[(paper, curve)]`` runs (one pair per seed) as means (``final_bpb``, ``paper_recipe_bpb``,
+  ``curve``) and per-seed values (``*_seeds``); ``curve_seeds`` maps step -> per-seed values."""
+  paper, curve = [p["final_bpb"] for p, _ in runs], [c["final_bpb"] for _, c in runs]
+  by_step = {}
+  for _, c in runs:
+    for step, v in c["curve"]:
+      by_step.setdefault(step, []).append(v)
+  return {"params": runs[0][1]["params"],
+          "paper_recipe_bpb": statistics.fmean(paper), "paper_recipe_bpb_seeds": paper,
+          "final_bpb": statistics.fmean(curve), "final_bpb_seeds": curve,
+          "curve": [(k, statistics.fmean(v)) for k, v in sorted(by_step.items())], "curve_seeds": by_step,
+          "seconds": sum(p["seconds"] + c["seconds"] for p, c in runs)}
 
 
 @register("unimatrix_lm", paper="unimatrix",
@@ -103,25 +120,27 @@ def run(ctx: RunContext, s: LMSettings) -> ExperimentResult:
     curve_cfg = TrainConfig(n_steps=s.curve_steps, lr=s.curve_lr, warmup_steps=min(100, s.curve_steps // 10),
                             weight_decay=0.1, ckpt_every=max(1, s.curve_steps // 4), keep_checkpoints=1,
                             eval_every=s.eval_every, log_every=max(1, s.curve_steps // 50))
-    paper, curves = {}, {}
-    for name in s.models:
-      paper[name] = _train(ctx, s, name, corpus, paper_cfg, f"{corpus_name}/paper_{name}", full_final=True)
-      curves[name] = _train(ctx, s, name, corpus, curve_cfg, f"{corpus_name}/curve_{name}", full_final=True)
+    runs = {name: [(_train(ctx, s, name, corpus, dataclasses.replace(paper_cfg, seed=seed),
+                           f"{corpus_name}/paper_{name}", full_final=True),
+                    _train(ctx, s, name, corpus, dataclasses.replace(curve_cfg, seed=seed),
+                           f"{corpus_name}/curve_{name}", full_final=True)) for seed in s.seeds]
+            for name in s.models}
+    curves = {name: _over_seeds(r) for name, r in runs.items()}
     at = sorted(k for k in {s.eval_every * k for k in (1, 2, 5)} | {s.curve_steps} if k <= s.curve_steps)
     rows = []
     for name in s.models:
-      c = dict(curves[name]["curve"])
-      rows.append([LABELS[name], f"{curves[name]['params']:,}", f"{paper[name]['final_bpb']:.3f}",
+      r = curves[name]
+      rows.append([LABELS[name], f"{r['params']:,}", mean_sd(r["paper_recipe_bpb_seeds"]),
                    PAPER_BPB.get(name, "—")]
-                  + [f"{c[k]:.3f}" if k in c else "—" for k in at] + [f"**{curves[name]['final_bpb']:.3f}**"])
-    tables.append(Table(f"{corpus_name}: validation bits per byte (unigram {unigram:.3f})",
+                  + [mean_sd(r["curve_seeds"][k]) if k in r["curve_seeds"] else "—" for k in at]
+                  + [f"**{mean_sd(r['final_bpb_seeds'])}**"])
+    seeds = "" if len(s.seeds) == 1 else f", mean ± sd over seeds {tuple(s.seeds)}"
+    tables.append(Table(f"{corpus_name}: validation bits per byte (unigram {unigram:.3f}){seeds}",
                         ["model", "parameters", f"paper recipe ({s.paper_steps} steps)", "paper (WikiText-2)"]
                         + [f"step {k}*" for k in at] + [f"step {s.curve_steps}, whole split"], rows))
     figures += [_plot_curves(ctx, corpus_name, curves, unigram), _plot_params(ctx, corpus_name, curves)]
     metrics[corpus_name] = {"unigram_bpb": unigram,
-                            **{n: {"params": curves[n]["params"], "paper_recipe_bpb": paper[n]["final_bpb"],
-                                   "final_bpb": curves[n]["final_bpb"], "curve": curves[n]["curve"],
-                                   "seconds": curves[n]["seconds"] + paper[n]["seconds"]} for n in s.models}}
+                            **{n: {k: v for k, v in curves[n].items() if k != "curve_seeds"} for n in s.models}}
   if not ran:
     raise SkipExperiment("no corpus found.",
                          "export JAXMEM_DATA_DIR=<folder holding tinyshakespeare/input.txt>")

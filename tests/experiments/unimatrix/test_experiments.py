@@ -188,36 +188,47 @@ def test_lm_matched_transformer_has_cores_parameter_count():
 
 
 def test_lm_experiment_tiny(tmp_path, monkeypatch, synthetic_data_dir):
-  # one model, both recipes (the paper's and the curve); its final bits per byte recomputed in numpy
+  # one model, both recipes (the paper's and the curve), two seeds; each seed's final bits per byte recomputed
+  # in numpy from its trained model, and the table's mean ± sd from those
   out = tmp_path / "l"
   args = ["--config.unimatrix_lm.models=('core',)", "--config.unimatrix_lm.seq_len=16",
           "--config.unimatrix_lm.batch_size=2", "--config.unimatrix_lm.paper_steps=1",
           "--config.unimatrix_lm.curve_steps=2", "--config.unimatrix_lm.eval_every=1",
-          "--config.unimatrix_lm.eval_windows=2", "--config.unimatrix_lm.corpora=('tinyshakespeare',)"]
-  trained = keep_trained(monkeypatch, lm)
+          "--config.unimatrix_lm.eval_windows=2", "--config.unimatrix_lm.corpora=('tinyshakespeare',)",
+          "--config.unimatrix_lm.seeds=(0, 1)"]
+  trained = keep_trained(monkeypatch, lm, key=lambda workdir, cfg: (workdir.name.split("-")[0], cfg.seed))
   assert main(["reproduce", "--quick", "--only", "unimatrix_lm", "--out", str(out), "--no_progress",
                *args]) == 0
   report = (out / "REPORT.md").read_text()
   results = json.loads((out / "unimatrix_lm" / "results.json").read_text())["tinyshakespeare"]
-  assert sorted(trained) == ["curve_core", "paper_core"]
+  assert sorted(trained) == [("curve_core", 0), ("curve_core", 1), ("paper_core", 0), ("paper_core", 1)]
   from jaxmem.data import eval_windows, load_corpus
   val = load_corpus("tinyshakespeare")["validation"]
   w = eval_windows(val, 16)
-  logits = np.concatenate([np.asarray(forward(trained["curve_core"], jnp.asarray(w["inputs"][i:i + 64])),
-                                      np.float64) for i in range(0, len(w["inputs"]), 64)])
-  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(
-      -1, keepdims=True)
-  nll = -np.take_along_axis(logp, w["targets"][..., None], -1)[..., 0]
-  bpb = float((nll * w["mask"]).sum() / w["mask"].sum() / math.log(2))
+
+  def bpb(model):
+    logits = np.concatenate([np.asarray(forward(model, jnp.asarray(w["inputs"][i:i + 64])), np.float64)
+                             for i in range(0, len(w["inputs"]), 64)])
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(
+        -1, keepdims=True)
+    nll = -np.take_along_axis(logp, w["targets"][..., None], -1)[..., 0]
+    return float((nll * w["mask"]).sum() / w["mask"].sum() / math.log(2))
+
   core = results["core"]
-  assert abs(core["final_bpb"] - bpb) < 1e-4, (core["final_bpb"], bpb)
+  finals = [bpb(trained["curve_core", seed]) for seed in (0, 1)]
+  np.testing.assert_allclose(core["final_bpb_seeds"], finals, atol=1e-4)
+  assert abs(finals[0] - finals[1]) > 1e-3  # the seeds trained different models
+  assert abs(core["final_bpb"] - np.mean(finals)) < 1e-4
   assert [s for s, _ in core["curve"]] == [1, 2]
-  assert core["params"] == count_params(trained["curve_core"]) == count_params(trained["paper_core"])
-  # the table row, recomputed from the saved results: curve points at steps 1 and 2, then the final number
+  assert core["params"] == count_params(trained["curve_core", 0]) == count_params(trained["paper_core", 1])
+  # the table row, recomputed from the saved per-seed results: mean ± sample sd at steps 1 and 2, then the final
+  # number (the paper's WikiText-2 number in the paper column, whichever corpus)
+  ms = lambda v: f"{np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}"
   c = dict(core["curve"])
-  # (the paper's WikiText-2 number in the paper column, whichever corpus)
-  assert (f"| UniMatrix-Core | {core['params']:,} | {core['paper_recipe_bpb']:.3f} | 5.084 | {c[1]:.3f} | "
-          f"{c[2]:.3f} | **{core['final_bpb']:.3f}** |") in report
+  assert (f"| UniMatrix-Core | {core['params']:,} | {ms(core['paper_recipe_bpb_seeds'])} | 5.084 | "
+          f"{c[1]:.3f} ± " in report)
+  assert f"| **{ms(finals)}** |" in report
+
 
 
 def test_lm_configs_hold_the_latent_and_hybrid_models():

@@ -17,13 +17,15 @@ def keep_models(monkeypatch, module) -> dict:
   return kept
 
 
-def keep_trained(monkeypatch, module, record=lambda result, task, cfg: result.model) -> dict:
-  """Wraps ``module.train``: ``{tag: record(result, task, cfg)}`` of every run (by default the model)."""
+def keep_trained(monkeypatch, module, record=lambda result, task, cfg: result.model,
+                 key=lambda workdir, cfg: workdir.name.split("-")[0]) -> dict:
+  """Wraps ``module.train``: ``{key(workdir, cfg): record(result, task, cfg)}`` of every run (by default the
+  model under its tag)."""
   kept, orig = {}, module.train
 
   def wrapped(task, cfg, workdir, **kw):
     result = orig(task, cfg, workdir, **kw)
-    kept[workdir.name.split("-")[0]] = record(result, task, cfg)
+    kept[key(workdir, cfg)] = record(result, task, cfg)
     return result
 
   monkeypatch.setattr(module, "train", wrapped)
