@@ -10,11 +10,15 @@ The layout is Megatron's (Shoeybi et al. 2019, arXiv:1909.08053) written as GSPM
 * **the FFN hidden units** are split over ``model`` (``up`` by columns, ``down`` by rows);
 * everything else (embeddings, norms, positions, per-channel gates) is replicated.
 
-Parameters are named by *logical* axes (``"heads"``, ``"ffn"``, ``"embed"``, ...) through
-:data:`PARAM_RULES`, a table of path patterns, and logical axes map to mesh axes through
-:data:`LOGICAL_TO_MESH`. A dimension the mesh axis does not divide stays replicated (recorded in
-:func:`layout_table`), so any model runs on any mesh. The optimizer state mirrors the parameter
-tree and gets the same layout (Adam's ``mu`` / ``nu`` of a sharded matrix are sharded alike).
+Parameters carry their *logical* axes (``"heads"``, ``"ffn"``, ``"embed"``, ...) as flax partitioning
+metadata, attached where they are created (:func:`with_axes` on an initializer, :func:`param` on a value;
+both are ``nnx.with_partitioning`` without flax's eager sharding); logical axes map to mesh axes through
+:data:`LOGICAL_TO_MESH`. Nothing here knows a particular module's attribute names: a new mixer whose
+parameters are annotated is laid out (and weight-decayed, :func:`decays`) with no edit to this file. A
+dimension the mesh axis does not divide stays replicated (recorded in :func:`layout_table`), so any model runs
+on any mesh; a leading dimension beyond the annotated ones (the layer axis of ``nnx.vmap``-stacked blocks) is
+``"layers"``. The optimizer state mirrors the parameter tree, metadata included, and gets the same layout
+(Adam's ``mu`` / ``nu`` of a sharded matrix are sharded alike).
 
 Activations: :func:`constrain` pins ``[B, T, H, D/H]`` head tensors to ``(data, ·, model, ·)``
 inside the mixers when a mesh is set (``jax.set_mesh``), and :func:`map_heads` runs the softmax,
@@ -34,17 +38,17 @@ allows for user code that is.
 from __future__ import annotations
 
 import math
-import re
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 DATA, MODEL = "data", "model"
 
-# logical axis -> mesh axis (None: replicated)
+# logical axis -> mesh axis (None: replicated). Every axis name a parameter may carry is a key here.
 LOGICAL_TO_MESH = {
     "batch": DATA,
     "heads": MODEL,   # any dimension made of whole heads: H, H·K or the fused 3·H·K of q, k, v
@@ -54,22 +58,96 @@ LOGICAL_TO_MESH = {
     "length": None,
     "layers": None,
     "head_dim": None,
+    "conv": None,     # the taps of a short convolution
+    "input": None,    # the features of a continuous (not token) input
+    "state": None,    # a memory's own width shared by all heads (e.g. an SSM's state size N)
 }
 
-# (pattern on the parameter path "a/b/c", logical axes of its trailing dims). The first match wins;
-# a leading axis beyond these (the layer axis of scanned blocks) is "layers". Paths of the
-# optimizer state end in the parameter's path, so the same patterns lay it out.
-PARAM_RULES: tuple = (
-    (r"(attn|mixer)/(qkv|proj)/kernel$", ("embed", "heads")),
-    (r"(attn|mixer)/(qkv|proj)/bias$", ("heads",)),
-    (r"(attn|mixer)/out/kernel$", ("heads", "embed")),
-    (r"(attn|mixer)/(beta|decay|rho)/kernel$", ("embed", "heads")),
-    (r"(attn|mixer)/(beta|decay|rho)/bias$", ("heads",)),
-    (r"(attn|mixer)/mix_logits$", ("heads", None)),
-    (r"ffn/up/kernel$", ("embed", "ffn")),
-    (r"ffn/up/bias$", ("ffn",)),
-    (r"ffn/down/kernel$", ("ffn", "embed")),
-)
+def with_axes(init: Callable, axes: Sequence[Optional[str]], *, decay: Optional[bool] = None) -> Callable:
+  """``init`` whose parameter carries the logical ``axes`` (one name or ``None`` per dimension).
+
+  ``nnx.Linear(d, 3 * d, kernel_init=with_axes(init, ("embed", "heads")), ...)``. The metadata is flax's
+  (``nnx.with_partitioning``, read by :func:`axes_of`); the value is placed by :func:`state_shardings`
+  when training on a mesh, never at creation (no eager sharding), so a module builds the same way with
+  or without a mesh. ``decay`` overrides the weight-decay rule of :func:`decays` for this parameter."""
+  extra = {} if decay is None else {"weight_decay": _check_decay(decay)}
+  return nnx.with_partitioning(init, _check_axes(axes), eager_sharding=False, **extra)
+
+
+def param(value: jax.Array, axes: Sequence[Optional[str]], *, decay: Optional[bool] = None) -> nnx.Param:
+  """``nnx.Param(value)`` carrying the logical ``axes`` (and ``decay``; see :func:`with_axes`)."""
+  axes = _check_axes(axes)
+  if len(axes) != np.ndim(value):
+    raise ValueError(f"{len(axes)} logical axes {axes} for a parameter of shape {np.shape(value)}.")
+  extra = {} if decay is None else {"weight_decay": _check_decay(decay)}
+  return nnx.Param(value, out_sharding=axes, eager_sharding=False, **extra)
+
+
+def _check_decay(decay) -> bool:
+  if not isinstance(decay, bool):
+    raise ValueError(f"`decay` must be None, True or False, got {decay!r}.")
+  return decay
+
+
+def _check_axes(axes) -> tuple:
+  axes = tuple(axes)
+  bad = [a for a in axes if a is not None and a not in LOGICAL_TO_MESH]
+  if bad:
+    raise ValueError(f"unknown logical axis name(s) {bad}; known: {sorted(LOGICAL_TO_MESH)} (or None).")
+  return axes
+
+
+def _is_variable(x) -> bool:
+  return isinstance(x, nnx.Variable)
+
+
+def axes_of(variable) -> Optional[tuple]:
+  """The logical axes of a parameter (an ``nnx.Variable``), full rank (``"layers"`` for leading stacked
+  dimensions), or ``None`` when it carries none."""
+  if not _is_variable(variable):
+    return None
+  axes = variable.get_metadata().get("out_sharding")
+  if axes is None:
+    return None
+  ndim = len(_shape(variable))
+  if len(axes) > ndim:
+    raise ValueError(f"a parameter of rank {ndim} carries {len(axes)} logical axes {tuple(axes)}.")
+  return ("layers",) * (ndim - len(axes)) + tuple(axes)
+
+
+def decays(variable) -> bool:
+  """Whether weight decay applies to a parameter (an ``nnx.Variable`` with logical axes): its ``decay``
+  override if it has one (:func:`with_axes`), else whether it is a matrix, i.e. has two or more dimensions
+  besides ``"layers"`` (stacked blocks) and no ``"length"`` axis (positions): projections, embeddings,
+  convolution taps × channels, yes; norms, biases, per-head gates' biases and scalars, positions, no.
+  Parameters without logical axes are never decayed."""
+  axes = axes_of(variable)
+  if axes is None:
+    return False
+  override = variable.get_metadata().get("weight_decay")
+  if override is not None:
+    return bool(override)
+  return "length" not in axes and sum(a != "layers" for a in axes) >= 2
+
+
+def param_axes(tree: Any) -> Any:
+  """The tree with each ``nnx.Variable`` replaced by its logical axes (:func:`axes_of`; ``None`` when it
+  carries none) and every other leaf by ``None``: a prefix of the parameter / optimizer state tree."""
+  return jax.tree.map(axes_of, tree, is_leaf=_is_variable)
+
+
+def decay_mask(params: Any) -> Any:
+  """The AdamW mask (a prefix of ``params``): :func:`decays` of each parameter."""
+  return jax.tree.map(decays, params, is_leaf=_is_variable)
+
+
+def unannotated(params: Any) -> list:
+  """Paths of the parameters that carry no logical axes (laid out replicated, never decayed)."""
+  out = []
+  for path, v in jax.tree_util.tree_leaves_with_path(params, is_leaf=_is_variable):
+    if _is_variable(v) and axes_of(v) is None:
+      out.append(path_str(path))
+  return out
 
 
 def make_mesh(data: Optional[int] = None, model: int = 1, *, devices: Optional[Sequence] = None,
@@ -114,16 +192,6 @@ def path_str(path) -> str:
   return "/".join(parts)
 
 
-def logical_axes(path: str, ndim: int, rules: tuple = PARAM_RULES) -> tuple:
-  """The logical axis names of a parameter (``None`` per dim: replicated), from ``rules``."""
-  for pattern, axes in rules:
-    if re.search(pattern, path):
-      if len(axes) > ndim:
-        raise ValueError(f"rule {pattern!r} names {len(axes)} axes for {path!r} of rank {ndim}.")
-      return ("layers",) * (ndim - len(axes)) + tuple(axes)
-  return (None,) * ndim
-
-
 def _mesh_axes(shape, axes, sizes: dict, *, strict: bool = False) -> Optional[list]:
   """The mesh axis (or None) per dimension of an array with logical ``axes``, on a mesh of axis
   ``sizes``. A dimension its mesh axis does not divide, or a mesh axis used twice, stays replicated;
@@ -152,16 +220,25 @@ def spec_for(shape: Sequence[int], axes: Sequence[Optional[str]], mesh: Mesh) ->
   return P(*out)
 
 
-def state_specs(tree: Any, mesh: Mesh, rules: tuple = PARAM_RULES) -> Any:
-  """A PartitionSpec per leaf of a parameter / optimizer / train-state tree."""
-  def one(path, x):
-    shape = np.shape(x)
-    return spec_for(shape, logical_axes(path_str(path), len(shape), rules), mesh)
-  return jax.tree_util.tree_map_with_path(one, tree)
+def _shape(x) -> tuple:
+  x = x.get_value() if _is_variable(x) else x
+  return tuple(getattr(x, "shape", np.shape(x)))
 
 
-def state_shardings(tree: Any, mesh: Mesh, rules: tuple = PARAM_RULES) -> Any:
-  return jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs(tree, mesh, rules))
+def state_specs(tree: Any, mesh: Mesh) -> Any:
+  """A PartitionSpec per leaf of a parameter / optimizer / train-state tree (same structure), from the
+  logical axes of the parameter (``nnx.Variable``) holding it (:func:`axes_of`); ``P()`` (replicated) for
+  leaves outside one or of a parameter without axes."""
+  def one(x):
+    axes = axes_of(x)
+    spec = P() if axes is None else spec_for(_shape(x), axes, mesh)
+    return jax.tree.map(lambda _: spec, x)
+  return jax.tree.map(one, tree, is_leaf=_is_variable)
+
+
+def state_shardings(tree: Any, mesh: Mesh) -> Any:
+  """:func:`state_specs` as ``NamedSharding`` objects on ``mesh``."""
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs(tree, mesh))
 
 
 def put_global(tree: Any, shardings: Any) -> Any:
@@ -240,16 +317,18 @@ HEADS_BTH = ("batch", "length", "heads")
 STATE_BHKV = ("batch", "heads", "head_dim", "head_dim")
 
 
-def layout_table(params: Any, mesh: Mesh, rules: tuple = PARAM_RULES) -> str:
-  """A markdown table: each parameter's shape, logical axes, PartitionSpec and per-device shape."""
+def layout_table(params: Any, mesh: Mesh) -> str:
+  """A markdown table: each parameter's shape, logical axes, PartitionSpec, per-device shape and whether it
+  is weight-decayed."""
   sizes = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
-  rows = ["| parameter | shape | logical axes | spec | per device |", "|---|---|---|---|---|"]
-  for path, x in jax.tree_util.tree_leaves_with_path(params):
-    name, shape = path_str(path), tuple(np.shape(x))
-    axes = logical_axes(name, len(shape), rules)
+  rows = ["| parameter | shape | logical axes | spec | per device | decay |", "|---|---|---|---|---|---|"]
+  for path, v in jax.tree_util.tree_leaves_with_path(params, is_leaf=_is_variable):
+    name = path_str(path)
+    shape = _shape(v)
+    axes = axes_of(v) or (None,) * len(shape)
     spec = spec_for(shape, axes, mesh)
     local = tuple(d // (math.prod(sizes[a] for a in ((s,) if isinstance(s, str) else s)) if s else 1)
                   for d, s in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=True))
-    named = ", ".join("·" if a is None else a for a in axes)
-    rows.append(f"| `{name}` | {shape} | {named} | `{spec}` | {local} |")
+    named = ", ".join("·" if a is None else a for a in axes) if axes_of(v) else "(none)"
+    rows.append(f"| `{name}` | {shape} | {named} | `{spec}` | {local} | {'yes' if decays(v) else ''} |")
   return "\n".join(rows)

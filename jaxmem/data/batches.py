@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxmem._checks import check_positive_int
+from jaxmem.checks import check_positive_int
 
 
 class PositionedBatches:

@@ -45,7 +45,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from jaxmem._checks import check_finite_number, check_rank
+from jaxmem.checks import check_finite_number, check_rank
 from jaxmem.kernels.attention import MASK_VALUE, check_qkv
 from jaxmem.kernels.precision import matmul_for
 

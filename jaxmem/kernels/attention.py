@@ -31,7 +31,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from jaxmem._checks import check_equal, check_finite_number, check_rank
+from jaxmem.checks import check_equal, check_finite_number, check_rank
 from jaxmem.kernels.precision import Matmul, matmul_for
 
 # Large negative *finite* logit for masked slots: exp underflows to exactly 0 while a

@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem._checks import check_positive_int
+from jaxmem.checks import check_positive_int
 
 EPS = 1e-6
 
@@ -291,9 +291,3 @@ def scan(state: DNCState, interfaces: DNCInterface, *, remat: bool = True):
   body = jax.checkpoint(step) if remat else step
   return jax.lax.scan(body, state, interfaces)
 
-
-# The names before the inference API was unified as init / step (kept: the top-level README
-# and jaxmem.kernels export them).
-dnc_init = init
-dnc_step = step
-dnc_scan = scan

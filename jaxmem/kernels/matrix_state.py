@@ -124,8 +124,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem._checks import check_choice, check_equal, check_positive_int, check_rank, shape_of
 from jaxmem.arrays import device_array
+from jaxmem.checks import check_choice, check_equal, check_positive_int, check_rank, shape_of
 from jaxmem.kernels.assoc import associative_memory, auto_forward_mode, log_of_decay
 from jaxmem.kernels.assoc.common import decay_mask
 from jaxmem.kernels.precision import Matmul, matmul_for

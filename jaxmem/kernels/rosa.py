@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem._checks import check_rank
+from jaxmem.checks import check_rank
 
 
 def _check_tokens(name: str, tokens, rank: int, layout: str) -> tuple[int, ...]:

@@ -26,7 +26,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from jaxmem._checks import check_finite_number
+from jaxmem.checks import check_finite_number
 from jaxmem.kernels.attention import MASK_VALUE, check_qkv
 from jaxmem.kernels.segsum import segsum
 

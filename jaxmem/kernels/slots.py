@@ -74,7 +74,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem._checks import (
+from jaxmem.checks import (
   check_choice,
   check_equal,
   check_finite_number,

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxmem._checks import check_equal, check_finite_number, check_positive_int, check_rank
+from jaxmem.checks import check_equal, check_finite_number, check_positive_int, check_rank
 from jaxmem.kernels.assoc import l2_normalize
 from jaxmem.kernels.precision import matmul_for
 

@@ -2,7 +2,7 @@
 
 A controller (LSTM or feed-forward) reads ``[x_t; r_{t−1}]``, emits the interface vector
 ``ξ_t`` (parsed by :func:`jaxmem.kernels.dnc.parse_interface`) and its output ``h_t``; the
-memory step is :func:`jaxmem.kernels.dnc.dnc_step`, vmapped over the batch; the output is
+memory step is :func:`jaxmem.kernels.dnc.step`, vmapped over the batch; the output is
 ``y_t = W_y [h_t; r_t]`` (Nature 2016, Methods). The time loop is one ``lax.scan`` whose
 body is wrapped in ``jax.checkpoint`` (``remat=True``) so the reverse pass stores the
 carried state per step and not the step's intermediates.
@@ -19,8 +19,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxmem._checks import check_config_ints, check_rank
+from jaxmem.checks import check_config_ints, check_rank
 from jaxmem.kernels import dnc as dnc_kernels
+from jaxmem.models.layers import constant, linear
+
+# the controller's and read-out's matrices: replicated (the LSTM is small and sequential), weight-decayed
+EMBED2 = ("embed", "embed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,11 +60,11 @@ class DNC(nnx.Module):
     if cfg.controller == "lstm":
       # gates (i, f, g, o) from [input; h]; forget-gate bias 1 (Jozefowicz et al. 2015)
       bias = jnp.zeros((4 * Hd,)).at[Hd:2 * Hd].set(1.0)
-      self.cell = nnx.Linear(ctrl_in + Hd, 4 * Hd, rngs=rngs, bias_init=lambda *_: bias)
+      self.cell = linear(ctrl_in + Hd, 4 * Hd, EMBED2, rngs=rngs, bias_init=constant(bias))
     else:
-      self.cell = nnx.Linear(ctrl_in, Hd, rngs=rngs)
-    self.interface = nnx.Linear(Hd, dnc_kernels.interface_size(W, R), rngs=rngs)
-    self.readout = nnx.Linear(Hd + R * W, cfg.output_dim, rngs=rngs)
+      self.cell = linear(ctrl_in, Hd, EMBED2, rngs=rngs)
+    self.interface = linear(Hd, dnc_kernels.interface_size(W, R), EMBED2, rngs=rngs)
+    self.readout = linear(Hd + R * W, cfg.output_dim, EMBED2, rngs=rngs)
 
   def initial_state(self, batch_size: int):
     cfg = self.cfg

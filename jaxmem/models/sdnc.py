@@ -20,9 +20,10 @@ import dataclasses
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxmem._checks import check_config_ints
+from jaxmem.checks import check_config_ints
 from jaxmem.kernels.attention import softmax_attention
 from jaxmem.kernels.sdnc import sdnc_cross_attention
+from jaxmem.models.layers import embed, layer_norm, linear, positions
 from jaxmem.models.mixers import SDNCConfig, SoftmaxConfig
 from jaxmem.models.transformer import Block, FeedForward, TransformerConfig, TransformerLM
 
@@ -45,9 +46,10 @@ class CrossMemoryRead(nnx.Module):
 
   def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.q = nnx.Linear(cfg.d_model, cfg.d_model, use_bias=False, rngs=rngs)
-    self.kv = nnx.Linear(cfg.d_model, 2 * cfg.d_model, use_bias=False, rngs=rngs)
-    self.out = nnx.Linear(cfg.d_model, cfg.d_model, use_bias=False, rngs=rngs)
+    self.q = linear(cfg.d_model, cfg.d_model, ("embed", "heads"), use_bias=False, rngs=rngs)
+    # [2, H, K] columns: a split of them is not head-aligned
+    self.kv = linear(cfg.d_model, 2 * cfg.d_model, ("embed", None), use_bias=False, rngs=rngs)
+    self.out = linear(cfg.d_model, cfg.d_model, ("heads", "embed"), use_bias=False, rngs=rngs)
 
   def __call__(self, x_BTD, mem_BSD):
     B, T, _ = x_BTD.shape
@@ -64,9 +66,9 @@ class EncoderBlock(nnx.Module):
   """Bidirectional block: the encoder memory is written in full before it is read."""
 
   def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
-    self.ln1 = nnx.LayerNorm(cfg.d_model, rngs=rngs)
+    self.ln1 = layer_norm(cfg.d_model, rngs=rngs)
     self.attn = CrossMemoryRead(cfg, rngs=rngs)
-    self.ln2 = nnx.LayerNorm(cfg.d_model, rngs=rngs)
+    self.ln2 = layer_norm(cfg.d_model, rngs=rngs)
     self.ffn = FeedForward(cfg, rngs=rngs)
 
   def __call__(self, x):
@@ -80,7 +82,7 @@ class DecoderBlock(nnx.Module):
 
   def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
     self.self_block = Block(cfg, rngs=rngs)  # pre-LN self-attention + FFN
-    self.ln_x = nnx.LayerNorm(cfg.d_model, rngs=rngs)
+    self.ln_x = layer_norm(cfg.d_model, rngs=rngs)
     self.cross = CrossMemoryRead(cfg, rngs=rngs)
 
   def __call__(self, x, mem):
@@ -104,10 +106,10 @@ class SDNCEncoderDecoder(nnx.Module):
   def __init__(self, cfg: EncoderDecoderConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     d = cfg.decoder
-    self.src_embed = nnx.Embed(cfg.src_vocab_size, d.d_model, rngs=rngs)
-    self.tgt_embed = nnx.Embed(d.vocab_size, d.d_model, rngs=rngs)
-    self.src_pos = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (d.max_len, d.d_model)))
-    self.tgt_pos = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (d.max_len, d.d_model)))
+    self.src_embed = embed(cfg.src_vocab_size, d.d_model, rngs=rngs)
+    self.tgt_embed = embed(d.vocab_size, d.d_model, rngs=rngs)
+    self.src_pos = positions(d.max_len, d.d_model, std=0.02, rngs=rngs)
+    self.tgt_pos = positions(d.max_len, d.d_model, std=0.02, rngs=rngs)
 
     @nnx.split_rngs(splits=cfg.n_enc_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -120,8 +122,8 @@ class SDNCEncoderDecoder(nnx.Module):
       return DecoderBlock(d, rngs=rngs)
 
     self.encoder, self.decoder = make_enc(rngs), make_dec(rngs)
-    self.ln_enc = nnx.LayerNorm(d.d_model, rngs=rngs)
-    self.ln_f = nnx.LayerNorm(d.d_model, rngs=rngs)
+    self.ln_enc = layer_norm(d.d_model, rngs=rngs)
+    self.ln_f = layer_norm(d.d_model, rngs=rngs)
 
   def encode(self, src_BS):
     S = src_BS.shape[1]

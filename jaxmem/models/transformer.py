@@ -20,10 +20,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxmem._checks import check_config_ints, check_rank
+from jaxmem.checks import check_config_ints, check_rank
 from jaxmem.models import mixers
+from jaxmem.models.layers import embed, layer_norm, linear, positions
 from jaxmem.models.mixers import MixerConfig, SoftmaxConfig
-from jaxmem.models.mixers.qkv import ShortConv  # noqa: F401  (re-exported: it used to live here)
 from jaxmem.models.remat import check_remat_policy
 from jaxmem.models.remat import policy as remat_policy
 
@@ -112,15 +112,20 @@ class TransformerConfig:
   def head_dim(self) -> int:
     return self.d_model // self.n_heads
 
+  def state_floats(self, seq_len: int) -> int:
+    """Floats of memory the mixers hold per sequence after ``seq_len`` tokens, summed over layers (each layer's
+    own mixer: :meth:`jaxmem.models.mixers.MixerConfig.state_floats`): ``2·L·T·d`` for softmax attention's KV
+    cache, ``L·H·d_head²`` for an associative memory."""
+    return sum(self.layer_mixer(i).state_floats(d_model=self.d_model, n_heads=self.n_heads, seq_len=seq_len)
+               for i in range(self.n_layers))
+
 
 class FeedForward(nnx.Module):
   def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
     dt = jnp.dtype(cfg.dtype)
-    self.up = nnx.Linear(cfg.d_model, cfg.d_ff, dtype=dt, rngs=rngs)
-    self.down = nnx.Linear(
-        cfg.d_ff, cfg.d_model, dtype=dt, rngs=rngs,
-        kernel_init=nnx.initializers.normal(0.02 / (2 * cfg.n_layers) ** 0.5),
-    )
+    self.up = linear(cfg.d_model, cfg.d_ff, ("embed", "ffn"), dtype=dt, rngs=rngs)
+    self.down = linear(cfg.d_ff, cfg.d_model, ("ffn", "embed"), dtype=dt, rngs=rngs,
+                       kernel_init=nnx.initializers.normal(0.02 / (2 * cfg.n_layers) ** 0.5))
 
   def __call__(self, x: jax.Array) -> jax.Array:
     return self.down(jax.nn.gelu(self.up(x)))
@@ -133,12 +138,12 @@ class Block(nnx.Module):
   def __init__(self, cfg: TransformerConfig, mixer_cfg: Optional[MixerConfig] = None, *, rngs: nnx.Rngs):
     dt = jnp.dtype(cfg.dtype)
     mixer_cfg = cfg.layer_mixer(0) if mixer_cfg is None else mixer_cfg
-    self.ln1 = nnx.LayerNorm(cfg.d_model, dtype=dt, rngs=rngs)
+    self.ln1 = layer_norm(cfg.d_model, dtype=dt, rngs=rngs)
     # The mixer is `attn` whatever it is (fla's blocks do the same): parameter paths, hence
     # checkpoints and the leaf order that global-norm clipping sums in, are the pre-mixer model's.
     self.attn = mixers.build(mixer_cfg, d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers,
                              dtype=cfg.dtype, rngs=rngs)
-    self.ln2 = nnx.LayerNorm(cfg.d_model, dtype=dt, rngs=rngs)
+    self.ln2 = layer_norm(cfg.d_model, dtype=dt, rngs=rngs)
     self.ffn = FeedForward(cfg, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -153,15 +158,12 @@ class TransformerLM(nnx.Module):
     self.cfg = cfg
     dt = jnp.dtype(cfg.dtype)
     if cfg.input_dim:
-      self.embed = nnx.Linear(cfg.input_dim, cfg.d_model, dtype=dt, rngs=rngs)
+      self.embed = linear(cfg.input_dim, cfg.d_model, ("input", "embed"), dtype=dt, rngs=rngs)
     else:
-      self.embed = nnx.Embed(
-          cfg.vocab_size, cfg.d_model, dtype=dt, rngs=rngs,
-          embedding_init=nnx.initializers.normal(0.02),
-      )
+      self.embed = embed(cfg.vocab_size, cfg.d_model, dtype=dt, rngs=rngs,
+                         embedding_init=nnx.initializers.normal(0.02))
     self.pos = nnx.data(
-        nnx.Param(nnx.initializers.normal(0.01)(rngs.params(), (cfg.max_len, cfg.d_model)))
-        if cfg.positions == "learned" else None)
+        positions(cfg.max_len, cfg.d_model, std=0.01, rngs=rngs) if cfg.positions == "learned" else None)
 
     def stack(mixer_cfg: MixerConfig, n: int) -> Block:  # n blocks with one mixer, stacked on axis 0
       @nnx.split_rngs(splits=n)
@@ -176,11 +178,11 @@ class TransformerLM(nnx.Module):
     # blocks; layer i is stack i % P, entry i // P. Either way depth is one nnx.scan.
     self.blocks = nnx.data(stack(pattern[0], repeats) if len(pattern) == 1
                            else tuple(stack(m, repeats) for m in pattern))
-    self.ln_f = nnx.LayerNorm(cfg.d_model, dtype=dt, rngs=rngs)
+    self.ln_f = layer_norm(cfg.d_model, dtype=dt, rngs=rngs)
     out_dim = cfg.output_dim or cfg.vocab_size
     tied = cfg.tie_embeddings and not cfg.input_dim and not cfg.output_dim
     self.head: Optional[nnx.Linear] = nnx.data(
-        None if tied else nnx.Linear(cfg.d_model, out_dim, use_bias=False, dtype=dt, rngs=rngs)
+        None if tied else linear(cfg.d_model, out_dim, ("embed", "vocab"), use_bias=False, dtype=dt, rngs=rngs)
     )
 
   def embed_tokens(self, tokens_BT: jax.Array) -> jax.Array:

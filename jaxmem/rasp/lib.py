@@ -71,7 +71,7 @@ import numbers
 import random
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from jaxmem._checks import check_positive_int
+from jaxmem.checks import check_positive_int
 from jaxmem.rasp import rasp
 
 __all__ = [

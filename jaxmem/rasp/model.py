@@ -39,6 +39,7 @@ from flax import nnx
 from jaxmem.arrays import device_array
 from jaxmem.kernels.ahat import ahat_attention
 from jaxmem.rasp.passes import value_key
+from jaxmem.sharding import param
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -47,12 +48,12 @@ class AHATLayer(nnx.Module):
   def __init__(self, heads: Optional[Dict[str, np.ndarray]], mlp: List[tuple], tol: float):
     self.has_attn = heads is not None
     if self.has_attn:
-      self.wq = nnx.Param(device_array(heads["wq"], jnp.float32))
-      self.wk = nnx.Param(device_array(heads["wk"], jnp.float32))
-      self.wv = nnx.Param(device_array(heads["wv"], jnp.float32))
-      self.wo = nnx.Param(device_array(heads["wo"], jnp.float32))
-    self.mlp_w = nnx.List([nnx.Param(device_array(w, jnp.float32)) for w, _ in mlp])
-    self.mlp_b = nnx.List([nnx.Param(device_array(b, jnp.float32)) for _, b in mlp])
+      self.wq = param(device_array(heads["wq"], jnp.float32), ("heads", "embed", None))
+      self.wk = param(device_array(heads["wk"], jnp.float32), ("heads", "embed", None))
+      self.wv = param(device_array(heads["wv"], jnp.float32), ("heads", "embed", None))
+      self.wo = param(device_array(heads["wo"], jnp.float32), ("heads", None, "embed"))
+    self.mlp_w = nnx.List([param(device_array(w, jnp.float32), (None, None)) for w, _ in mlp])
+    self.mlp_b = nnx.List([param(device_array(b, jnp.float32), (None,)) for _, b in mlp])
     self.tol = tol
 
   def __call__(self, x, mask):
@@ -80,8 +81,8 @@ class AHATTransformer(nnx.Module):
   residual after every sublayer and every layer's attention maps ``[B, H, T, T]``."""
 
   def __init__(self, token_embed, position_embed, layers: List[dict], tol: float):
-    self.token_embed = nnx.Param(device_array(token_embed, jnp.float32))
-    self.position_embed = nnx.Param(device_array(position_embed, jnp.float32))
+    self.token_embed = param(device_array(token_embed, jnp.float32), ("vocab", "embed"))
+    self.position_embed = param(device_array(position_embed, jnp.float32), ("length", "embed"))
     self.layers = nnx.List([AHATLayer(l.get("heads"), l.get("mlp", []), tol) for l in layers])
 
   def __call__(self, ids_BT, mask_BT):

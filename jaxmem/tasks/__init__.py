@@ -17,9 +17,7 @@ from jaxmem.tasks import algorithmic, babi, mqar
 from jaxmem.tasks.algorithmic import (
     TaskBatch,
     associative_recall,
-    bit_error_rate,
     copy_task,
-    masked_sigmoid_cross_entropy,
     priority_sort,
     repeat_copy,
 )
@@ -37,8 +35,8 @@ from jaxmem.tasks.mqar import MQARBatch, mqar_stream, multihop_recall, multihop_
 
 __all__ = [
     "BabiExample", "EncodedBabi", "MQARBatch", "TaskBatch", "Vocabulary", "algorithmic",
-    "associative_recall", "babi", "bit_error_rate", "copy_task", "encode_examples", "generate_babi",
-    "load_babi", "masked_sigmoid_cross_entropy", "mqar", "mqar_stream", "multihop_recall",
+    "associative_recall", "babi", "copy_task", "encode_examples", "generate_babi",
+    "load_babi", "mqar", "mqar_stream", "multihop_recall",
     "multihop_stream", "parse_babi", "priority_sort", "repeat_copy", "tokenize",
 ]
 

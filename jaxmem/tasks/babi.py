@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem._checks import check_choice, check_positive_int
+from jaxmem.checks import check_choice, check_positive_int
 
 TASK_IDS = (1, 2, 7)
 

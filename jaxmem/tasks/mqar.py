@@ -36,7 +36,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxmem._checks import check_finite_number, check_positive_int
+from jaxmem.checks import check_finite_number, check_positive_int
 from jaxmem.data.batches import KeyedBatches
 
 

@@ -12,8 +12,8 @@ read them back; these functions draw what is stored. Shapes use ``B`` (trials or
   with one-hot values, Schlag et al. 2021's two capacity settings (distinct keys; keys rewritten with
   new values, the latest one wanted).
 * :func:`sample_symbol_streams` — the same two settings over a finite set of key and value symbols
-  (ids, not vectors), for models that learn the keys (:mod:`jaxmem.models.trained_keys`); padded to a
-  common symbol count so runs of different sizes stack on a leading run axis.
+  (ids, not vectors), for models that learn the keys (:mod:`jaxmem.experiments.pavlovian.trained_keys`);
+  padded to a common symbol count so runs of different sizes stack on a leading run axis.
 * :func:`order_blind_loss`, :func:`order_blind_floor` — the lowest loss any reader that ignores the
   write order (the sum rule) can reach on such streams.
 """

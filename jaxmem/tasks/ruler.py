@@ -57,7 +57,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from jaxmem._checks import check_positive_int
+from jaxmem.checks import check_positive_int
 
 RULER_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "cwe", "fwe")
 RULER_MAX_LENGTH = 1 << 22  # 4 MiB: the pseudo-word pools stay far from exhausted

@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem._checks import check_positive_int
+from jaxmem.checks import check_positive_int
 from jaxmem.data.batches import KeyedBatches
 
 

@@ -17,11 +17,11 @@ from jaxmem.train.loop import (
     train,
 )
 from jaxmem.train.losses import lm_loss, recall_loss, sequence_loss, token_nll, with_ponder_cost
-from jaxmem.train.recall import recall_accuracy, recall_mixer, recall_train_config, state_floats, train_recall
+from jaxmem.train.recall import recall_accuracy, recall_mixer, recall_train_config, train_recall
 
 __all__ = [
     "DataConfig", "LMConfig", "NonFiniteLossError", "TrainConfig", "TrainResult", "TrainTask",
     "apply_model", "evaluate_bpb", "lm_loss", "load_trained_lm", "make_optimizer", "prepare_workdir",
     "read_metrics", "recall_accuracy", "recall_loss", "recall_mixer", "recall_train_config",
-    "sequence_loss", "state_floats", "token_nll", "train", "train_lm", "train_recall", "with_ponder_cost",
+    "sequence_loss", "token_nll", "train", "train_lm", "train_recall", "with_ponder_cost",
 ]

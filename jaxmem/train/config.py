@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Optional
 
-from jaxmem._checks import check_config_ints
+from jaxmem.checks import check_config_ints
 from jaxmem.models.transformer import TransformerConfig
 
 

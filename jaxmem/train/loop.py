@@ -106,19 +106,6 @@ def make_mesh(devices: Optional[list] = None, model: int = 1) -> Mesh:
   return sharding.make_mesh(model=model, devices=devices)
 
 
-def _is_matrix(path) -> bool:
-  """Kernels and embeddings (not norms, biases, gates' biases, positions or decays)."""
-  parts = [p for p in sharding.path_str(path).split("/") if p]
-  return bool(parts) and parts[-1] in ("kernel", "embedding")
-
-
-def _decay_mask(params: Any) -> Any:
-  """Weight decay on matrices and embeddings only, not on norms, biases or positions."""
-  return jax.tree_util.tree_map_with_path(lambda path, _: _is_matrix(path), params)
-
-
-
-
 # the TrainConfig fields the optimizer is built from (and nothing else): runs that agree on them share one
 # optimizer object, hence one compiled step
 OPTIMIZER_FIELDS = ("lr", "warmup_steps", "n_steps", "min_lr_ratio", "grad_clip", "b1", "b2", "weight_decay")
@@ -141,7 +128,7 @@ def _optimizer(lr, warmup_steps, n_steps, min_lr_ratio, grad_clip, b1, b2, weigh
   parts = []
   if grad_clip > 0:
     parts.append(optax.clip_by_global_norm(grad_clip))
-  parts.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay, mask=_decay_mask))
+  parts.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay, mask=sharding.decay_mask))
   return optax.chain(*parts)
 
 

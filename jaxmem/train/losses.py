@@ -6,7 +6,8 @@ loss                             used by
 ================================ ============================================================
 :func:`lm_loss`                  byte LMs (``jaxmem train``, ``lm_baseline``)
 :func:`recall_loss`              recall tasks: MQAR, multi-hop (``mqar``, ``assoc_depth_width``)
-:func:`sequence_loss`            masked bit-vector tasks (``dnc_tasks``: copy, repeat copy, ...)
+:func:`sequence_loss`            masked bit-vector tasks (``dnc_tasks``: copy, repeat copy, ...), from
+                                 :func:`masked_sigmoid_cross_entropy` and :func:`bit_error_rate`
 :func:`squared_error_loss`       one-hot read-outs (``assoc_capacity_onehot``'s trained keys)
 :func:`with_ponder_cost`         any of these plus ACT's ponder cost (``UniMatrixConfig(act=True)``)
 ================================ ============================================================
@@ -15,6 +16,7 @@ loss                             used by
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import numbers
@@ -24,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxmem.tasks.algorithmic import bit_error_rate, masked_sigmoid_cross_entropy
+from jaxmem.checks import check_choice, check_equal, check_rank
 
 LN2 = math.log(2.0)
 
@@ -59,7 +61,7 @@ def recall_loss(model: nnx.Module, batch: dict) -> tuple:
 
 def sequence_loss(model: nnx.Module, batch: dict) -> tuple:
   """Bernoulli cross-entropy of bit-vector targets at masked steps
-  (:func:`~jaxmem.tasks.algorithmic.masked_sigmoid_cross_entropy`: summed over channels,
+  (:func:`masked_sigmoid_cross_entropy`: summed over channels,
   averaged over masked steps) and the bit error rate."""
   logits = model(batch["observations"])
   loss = masked_sigmoid_cross_entropy(logits, batch["targets"], batch["mask"])
@@ -125,3 +127,74 @@ class _PonderCost:
 
 __all__ = ["LN2", "lm_loss", "masked_mean", "recall_loss", "sequence_loss", "squared_error_loss", "token_nll",
            "with_ponder_cost"]
+
+
+# ---------------------------------------------- bit-vector losses (algorithmic tasks: copy, repeat copy, ...)
+
+REDUCTIONS = ("mean", "deepmind", "deepmind_time_average")
+
+
+def _check_logits_targets_mask(logits, targets, mask) -> None:
+  B, T, C = check_rank("logits", logits, 3, "B, T, C")
+  Bt, Tt, Ct = check_rank("targets", targets, 3, "B, T, C")
+  Bm, Tm = check_rank("mask", mask, 2, "B, T")
+  check_equal("batch sizes", logits=B, targets=Bt, mask=Bm)
+  check_equal("lengths", logits=T, targets=Tt, mask=Tm)
+  check_equal("channels", logits=C, targets=Ct)
+
+
+def masked_sigmoid_cross_entropy(logits: jax.Array, targets: jax.Array, mask: jax.Array, *,
+                                 reduction: str = "mean") -> jax.Array:
+  """Bernoulli cross-entropy of ``targets`` under ``sigmoid(logits)``, in nats.
+
+  ``logits, targets [B, T, C]``, ``mask [B, T]``. The per-step loss **sums over channels**
+  (DeepMind's ``dnc/repeat_copy.py`` convention: the NLL of the whole target vector), times
+  the mask. Then, by ``reduction``:
+
+  * ``"mean"`` (default): divided by the number of masked steps in the batch,
+    ``Σ_{b,t} m[b,t] Σ_c xent[b,t,c] / Σ_{b,t} m[b,t]`` (0 if the mask is all zero).
+  * ``"deepmind"``: DeepMind's default, summed over time and averaged over the batch.
+  * ``"deepmind_time_average"``: DeepMind's ``time_average=True``: each example divided by
+    its own mask count (+ float32 eps), then averaged over the batch.
+
+  Returns a float32 scalar.
+  """
+  _check_logits_targets_mask(logits, targets, mask)
+  check_choice("reduction", reduction, REDUCTIONS)
+  return _xent(logits, targets, mask, reduction=reduction)
+
+
+@functools.partial(jax.jit, static_argnames=("reduction",))
+def _xent(logits, targets, mask, *, reduction):
+  x_BTC = jnp.asarray(logits, jnp.float32)
+  z_BTC = jnp.asarray(targets, jnp.float32)
+  m_BT = jnp.asarray(mask, jnp.float32)
+  # Stable form of -z log σ(x) - (1 - z) log(1 - σ(x)).
+  xent_BTC = jnp.maximum(x_BTC, 0.0) - x_BTC * z_BTC + jnp.log1p(jnp.exp(-jnp.abs(x_BTC)))
+  step_BT = jnp.sum(xent_BTC, axis=-1) * m_BT
+  if reduction == "mean":
+    count = jnp.sum(m_BT)
+    return jnp.where(count > 0, jnp.sum(step_BT) / jnp.where(count > 0, count, 1.0), 0.0)
+  per_example_B = jnp.sum(step_BT, axis=1)
+  if reduction == "deepmind_time_average":
+    per_example_B = per_example_B / (jnp.sum(m_BT, axis=1) + jnp.finfo(jnp.float32).eps)
+  return jnp.mean(per_example_B)
+
+
+def bit_error_rate(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
+  """Fraction of wrong bits at masked steps; a bit is predicted 1 iff its logit is > 0.
+
+  ``logits, targets [B, T, C]``, ``mask [B, T]`` (targets are read as 1 iff > 0.5). Returns
+  ``Σ m[b,t] [pred ≠ target] / (C Σ m[b,t])`` as a float32 scalar (0 if the mask is all zero).
+  """
+  _check_logits_targets_mask(logits, targets, mask)
+  return _bit_error_rate(logits, targets, mask)
+
+
+@jax.jit
+def _bit_error_rate(logits, targets, mask):
+  wrong_BTC = ((jnp.asarray(logits) > 0) != (jnp.asarray(targets) > 0.5)).astype(jnp.float32)
+  m_BT = jnp.asarray(mask, jnp.float32)
+  count = jnp.sum(m_BT) * wrong_BTC.shape[-1]
+  wrong = jnp.sum(wrong_BTC * m_BT[:, :, None])
+  return jnp.where(count > 0, wrong / jnp.where(count > 0, count, 1.0), 0.0)

@@ -8,8 +8,9 @@ Shared by the ``mqar`` and ``assoc_depth_width`` experiments (``docs/papers/pavl
 * :func:`train_recall` — trains (or, with a finished checkpoint in ``workdir``, restores) a
   :class:`~jaxmem.models.TransformerLM` on a recall stream with
   :func:`~jaxmem.train.losses.recall_loss`;
-* :func:`recall_accuracy` — argmax accuracy at the query positions over a stream's first batches;
-* :func:`state_floats` — the size of a model's recurrent state at the end of a sequence.
+* :func:`recall_accuracy` — argmax accuracy at the query positions over a stream's first batches.
+
+A model's state size is its config's :meth:`~jaxmem.models.TransformerConfig.state_floats`.
 
 Streams are :func:`~jaxmem.tasks.mqar.mqar_stream` / :func:`~jaxmem.tasks.mqar.multihop_stream`
 (batches with ``inputs / targets / mask``).
@@ -17,27 +18,33 @@ Streams are :func:`~jaxmem.tasks.mqar.mqar_stream` / :func:`~jaxmem.tasks.mqar.m
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
 import numpy as np
 from flax import nnx
 
-from jaxmem.kernels.assoc import ERASE_RULES
-from jaxmem.models import AssocConfig, MixerConfig, SoftmaxConfig, TransformerConfig, TransformerLM
+from jaxmem.kernels.assoc import ERASE_RULES, RULES
+from jaxmem.models import AssocConfig, MixerConfig, TransformerConfig, TransformerLM, mixers
 from jaxmem.train.config import TrainConfig
 from jaxmem.train.loop import TrainTask, apply_model, train
 from jaxmem.train.losses import recall_loss
 
 
 def recall_mixer(name: str, short_conv: int = 0) -> MixerConfig:
-  """Softmax attention (``name="softmax"``) or a conditioning circuit of rule ``name``
-  (chunked form, chunk 16; L2-normalised keys for the erasing rules delta / oja /
-  gated_delta), with a causal short convolution of width ``short_conv`` on q/k/v (0: none)."""
-  if name == "softmax":
-    return SoftmaxConfig(short_conv=short_conv)
-  return AssocConfig(rule=name, mode="chunked", chunk_size=16, key_norm=name in ERASE_RULES,
-                     short_conv=short_conv)
+  """The token mixer of a recall model: a conditioning circuit of learning rule ``name`` (an associative memory:
+  chunked form, chunk 16; L2-normalised keys for the erasing rules delta / oja / gated_delta), or any registered
+  mixer by its name (``"softmax"``, ``"ssd"``, ...: its default config); with a causal short convolution of
+  width ``short_conv`` on q/k/v (0: none) where the mixer has one."""
+  if name in RULES:
+    return AssocConfig(rule=name, mode="chunked", chunk_size=16, key_norm=name in ERASE_RULES,
+                       short_conv=short_conv)
+  if name not in mixers.names():
+    raise ValueError(f"unknown recall mixer {name!r}: a rule of {list(RULES)} or a mixer of {mixers.names()}.")
+  config_cls = mixers.lookup(name)[0]
+  has_conv = "short_conv" in {f.name for f in dataclasses.fields(config_cls)}
+  return config_cls(short_conv=short_conv) if has_conv else config_cls()
 
 
 def recall_train_config(n_steps: int, lr: float, seed: int = 0) -> TrainConfig:
@@ -67,14 +74,4 @@ def _accuracy(model: nnx.Module, batch: dict) -> jax.Array:
   return recall_loss(model, batch)[1]["accuracy"]
 
 
-def state_floats(cfg: TransformerConfig, seq_len: int) -> int:
-  """Recurrent-state size at the end of a ``seq_len`` sequence: the KV cache ``2·L·T·d`` for
-  softmax attention, one ``d_head × d_head`` matrix S per head and layer (``L·H·d_head²``)
-  for a conditioning circuit; summed over layers, so a per-layer mixer tuple counts each layer's own."""
-  per_layer = [2 * seq_len * cfg.d_model if isinstance(cfg.layer_mixer(i), SoftmaxConfig)
-               else cfg.n_heads * cfg.head_dim * cfg.head_dim for i in range(cfg.n_layers)]
-  return sum(per_layer)
-
-
-__all__ = ["recall_accuracy", "recall_mixer", "recall_train_config", "state_floats",
-           "train_recall"]
+__all__ = ["recall_accuracy", "recall_mixer", "recall_train_config", "train_recall"]

@@ -534,7 +534,3 @@ def test_step_bad_input_raises(args, kwargs, match):
 def test_init_rejects_bad_sizes():
   with pytest.raises(ValueError, match=r"`d_k` must be a positive integer"):
     init(1, 2, 0, 3)
-
-
-def test_init_state_is_the_old_name_of_init():
-  assert assoc.init_state is init

@@ -310,10 +310,6 @@ def test_step_rejects_wrong_shapes_even_under_jit():
     dnc.init(0, W, R)
 
 
-def test_old_names_are_aliases_of_init_step_scan():
-  assert (dnc.dnc_init, dnc.dnc_step, dnc.dnc_scan) == (dnc.init, dnc.step, dnc.scan)
-
-
 @pytest.mark.parametrize("usage", [
     np.random.default_rng(0).uniform(size=9),
     np.array([0.5, 0.2, 0.5, 0.0, 0.2, 1.0, 0.0]),  # ties and extremes

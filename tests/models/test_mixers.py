@@ -42,8 +42,8 @@ HYBRID_STACK = (SoftmaxConfig(), GATED, SoftmaxConfig())
 # --- the registry ----------------------------------------------------------------------------
 
 
-def test_registry_holds_every_mixer_and_round_trips_its_config():
-  assert mixers.names() == ["ahat", "assoc", "matrix_state", "sdnc", "sdnc_hybrid", "softmax", "topk_memory"]
+def test_registry_round_trips_configs_and_builds_by_name():
+  # (every registered name is checked by tests/models/test_mixer_contract.py; here, non-default fields)
   for cfg in (SoftmaxConfig(short_conv=2), SDNCConfig(), SDNCHybridConfig(erase=True),
               AssocConfig(rule="oja", key_norm=True, mode="recurrent", feature_map="dpfp1")):
     assert mixers.lookup(cfg.name)[0] is type(cfg)

@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 import jaxmem.models as models
+from jaxmem.experiments.unimatrix.common import three_token_typed_config
 from jaxmem.models import TransformerConfig, TransformerLM, UniMatrixConfig, UniMatrixLM, count_params
 from jaxmem.models.unimatrix import (
   VARIANTS,
@@ -24,7 +25,6 @@ from jaxmem.models.unimatrix import (
   TripleLatentLM,
   TypedLatentCompressor,
   param_breakdown,
-  three_token_typed_config,
 )
 from jaxmem.models.unimatrix.model import _Inputs
 from jaxmem.train.losses import recall_loss, with_ponder_cost

@@ -14,12 +14,11 @@ import pytest
 from jaxmem.tasks import (
     TaskBatch,
     associative_recall,
-    bit_error_rate,
     copy_task,
-    masked_sigmoid_cross_entropy,
     priority_sort,
     repeat_copy,
 )
+from jaxmem.train.losses import bit_error_rate, masked_sigmoid_cross_entropy
 
 COPY = dict(batch_size=16, num_bits=3, min_length=2, max_length=6)
 # min_repeats = 0: some examples have no repeat at all (target = the end marker alone).

@@ -182,15 +182,14 @@ def test_config_json_is_written(synthetic_data_dir, tmp_path):
 
 
 def test_weight_decay_applies_to_kernels_and_embeddings_only():
-  """The AdamW mask (a path rule over nnx.State, whose leaves sit under `.value`)."""
+  """The AdamW mask, from the parameters' logical axes (jaxmem.sharding.decays)."""
   from jaxmem.models import TransformerConfig, TransformerLM
-  from jaxmem.sharding import path_str
-  from jaxmem.train.loop import _decay_mask
-  # built abstractly (only the state's paths matter): nothing is compiled
+  from jaxmem.sharding import decay_mask, path_str
+  # built abstractly (only the state's metadata matters): nothing is compiled
   cfg = TransformerConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=8, max_len=4)
   model = nnx.eval_shape(lambda: TransformerLM(cfg, rngs=nnx.Rngs(0)))
   params = nnx.state(model, nnx.Param)
-  mask = jax.tree_util.tree_leaves_with_path(_decay_mask(params))
+  mask = jax.tree_util.tree_leaves_with_path(decay_mask(params))
   decayed = sorted(path_str(p) for p, m in mask if m)
   assert decayed == ["blocks/attn/out/kernel", "blocks/attn/qkv/kernel", "blocks/ffn/down/kernel",
                      "blocks/ffn/up/kernel", "embed/embedding"]

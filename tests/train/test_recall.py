@@ -10,7 +10,7 @@ from flax import nnx
 from jaxmem.models import AssocConfig, SoftmaxConfig, TransformerConfig, TransformerLM
 from jaxmem.tasks.mqar import mqar_stream
 from jaxmem.train.losses import recall_loss
-from jaxmem.train.recall import recall_accuracy, recall_mixer, recall_train_config, state_floats, train_recall
+from jaxmem.train.recall import recall_accuracy, recall_mixer, recall_train_config, train_recall
 
 
 @pytest.mark.slow
@@ -62,11 +62,13 @@ def test_recall_mixer_and_schedule():
 
 def test_state_floats_closed_forms():
   base = dict(vocab_size=64, d_model=32, n_layers=3, n_heads=4, d_ff=64, max_len=16)
-  assert state_floats(TransformerConfig(**base, mixer=recall_mixer("softmax")), 16) == 3 * 2 * 16 * 32
-  assert state_floats(TransformerConfig(**base, mixer=recall_mixer("delta")), 16) == 3 * 4 * 8 * 8
+  assert TransformerConfig(**base, mixer=recall_mixer("softmax")).state_floats(16) == 3 * 2 * 16 * 32
+  assert TransformerConfig(**base, mixer=recall_mixer("delta")).state_floats(16) == 3 * 4 * 8 * 8
+  # a short convolution carries its last K − 1 inputs of q, k and v
+  assert TransformerConfig(**base, mixer=recall_mixer("delta", 4)).state_floats(16) == 3 * (4 * 8 * 8 + 3 * 96)
   # a per-layer tuple counts each layer's own state: one KV cache + two matrix memories
   mixed = (recall_mixer("softmax"), recall_mixer("delta"), recall_mixer("delta"))
-  assert state_floats(TransformerConfig(**base, mixer=mixed), 16) == 2 * 16 * 32 + 2 * 4 * 8 * 8
+  assert TransformerConfig(**base, mixer=mixed).state_floats(16) == 2 * 16 * 32 + 2 * 4 * 8 * 8
 
 
 @pytest.mark.slow

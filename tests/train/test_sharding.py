@@ -29,11 +29,8 @@ def _specs(name, data=2, model=4):
   model_ = sharded_models.make_model(name, nnx.Rngs(0))
   params = nnx.state(model_, nnx.Param)
   mesh = _FakeMesh(data, model)
-  out = {}
-  for p, x in jax.tree_util.tree_leaves_with_path(params):
-    name = sharding.path_str(p)
-    out[name] = sharding.spec_for(np.shape(x), sharding.logical_axes(name, x.ndim), mesh)
-  return out
+  specs = sharding.state_specs(params, mesh)
+  return {sharding.path_str(p): s for p, s in jax.tree_util.tree_leaves_with_path(specs)}
 
 
 def test_heads_and_ffn_hidden_go_to_model_and_the_rest_is_replicated():
@@ -59,15 +56,18 @@ def test_a_dimension_the_axis_does_not_divide_stays_replicated_and_model_1_is_pu
   assert all(v == P() for v in _specs("baseline", data=8, model=1).values())
 
 
-def test_optimizer_state_paths_get_the_parameters_layout():
-  mesh = _FakeMesh(2, 4)
-  x = jnp.zeros((2, 32, 96))
-  tree = {"params": {"blocks": {"attn": {"qkv": {"kernel": x}}}},
-          "opt_state": ({"mu": {"blocks": {"attn": {"qkv": {"kernel": x}}}}, "count": jnp.zeros(())},)}
-  specs = sharding.state_specs(tree, mesh)
-  assert specs["params"]["blocks"]["attn"]["qkv"]["kernel"] == P(None, None, "model")
-  assert specs["opt_state"][0]["mu"]["blocks"]["attn"]["qkv"]["kernel"] == P(None, None, "model")
-  assert specs["opt_state"][0]["count"] == P()
+def test_optimizer_state_gets_the_parameters_layout():
+  # the train state as train() builds it: AdamW's mu / nu mirror the parameters, logical axes included
+  import optax
+  params = nnx.state(nnx.eval_shape(lambda: sharded_models.make_model("baseline", nnx.Rngs(0))), nnx.Param)
+  tree = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optax.adamw(1e-3).init(params)}
+  specs = sharding.state_specs(tree, _FakeMesh(2, 4))
+  assert jax.tree.structure(specs) == jax.tree.structure(tree)
+  by_path = {sharding.path_str(p): s for p, s in jax.tree_util.tree_leaves_with_path(specs)}
+  assert by_path["params/blocks/attn/qkv/kernel"] == P(None, None, "model")
+  assert by_path["opt_state/0/mu/blocks/attn/qkv/kernel"] == P(None, None, "model")
+  assert by_path["opt_state/0/nu/blocks/ffn/down/kernel"] == P(None, "model")
+  assert by_path["opt_state/0/count"] == P() and by_path["step"] == P()
 
 
 def test_constrain_is_the_identity_without_a_mesh_and_bad_meshes_raise():
@@ -170,3 +170,26 @@ def test_8_devices_equal_one_device_data2_model4_and_data8(synthetic_data_dir, t
     np.testing.assert_allclose(sharded[f"lm:{i}"], a, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(meta["lm"]["val_bpb"], single.final_metrics["val_bpb"], rtol=1e-5)
   assert "batch size 12" in meta["lm"]["divisibility_error"] and "8 devices" in meta["lm"]["divisibility_error"]
+
+
+@pytest.mark.slow
+def test_every_mixer_splits_its_heads_on_a_model_axis_of_2_and_computes_as_one_device(tmp_path):
+  """Each registered mixer, laid out by its parameters' logical axes alone (jaxmem.sharding): a 2-layer LM's
+  loss and gradient on a (data=1, model=2) mesh of 2 fake CPU devices equal one device's, and some of its
+  parameters really are split in half."""
+  out = tmp_path / "mixers.json"
+  env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, "-m", "tests.train.sharded_mixers", str(out)], cwd=REPO, env=env,
+                     capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  results = json.loads(out.read_text())
+  from jaxmem.models import mixers
+  assert sorted(results) == mixers.names()
+  for name, res in results.items():
+    # float32 sums regrouped across two devices: a few ulps of the loss's scale
+    assert res["max_abs_diff"] <= 1e-5 * max(1.0, res["scale"]), (name, res["max_abs_diff"])
+    split = [p for p, (full, local) in res["shapes"].items() if full != local]
+    assert split, f"{name}: no parameter of its mixer is split over the model axis\n{res['layout']}"
+    for p in split:
+      full, local = res["shapes"][p]
+      assert sorted(a // b for a, b in zip(full, local, strict=True) if a != b) == [2], (name, p, full, local)

@@ -10,7 +10,7 @@ experiments; published points in ``docs/papers/pavlovian.md#schlag-et-al-2021``)
   rule, (b) overwriting (keys repeat with new values, target = latest value), sum vs delta rule
   (streams: :func:`jaxmem.tasks.pairs.sample_distinct`, :func:`~jaxmem.tasks.pairs.sample_overwrite`).
 * trained keys (their protocol, like for like): learned key embeddings and key/query projections
-  (and β for delta) trained with Adam to retrieve (:mod:`jaxmem.models.trained_keys`, all runs of
+  (and β for delta) trained with Adam to retrieve (:mod:`jaxmem.experiments.pavlovian.trained_keys`, all runs of
   a group at once with :func:`jaxmem.train.many_runs.train`).
 
 Both are tabulated next to the published numbers. Sizes: ``configs/pavlovian_capacity_onehot.py``.
@@ -29,10 +29,10 @@ import numpy as np
 import optax
 
 from jaxmem.experiments import ExperimentResult, RunContext, Table, register
+from jaxmem.experiments.pavlovian import trained_keys
 from jaxmem.experiments.pavlovian.common import PAPER, SCHLAG_2021, scan_segments, threshold_capacity
 from jaxmem.kernels.assoc import associative_memory
 from jaxmem.kernels.feature_maps import NORMS, feature_map, feature_width, normalized_features
-from jaxmem.models import trained_keys
 from jaxmem.results import pyplot
 from jaxmem.tasks.pairs import order_blind_loss, sample_distinct, sample_overwrite, sample_symbol_streams, unit
 from jaxmem.train import many_runs
@@ -170,8 +170,8 @@ def _fmt(x: Optional[float]) -> str:
 
 
 # ----------------------------------------------------------------------------------------
-# Trained keys: Schlag et al. 2021's protocol (the model: jaxmem.models.trained_keys). Each of S key
-# symbols has a learned embedding; a model is trained by gradient descent to retrieve, so training can
+# Trained keys: Schlag et al. 2021's protocol (the model: jaxmem.experiments.pavlovian.trained_keys). Each of
+# S key symbols has a learned embedding; a model is trained by gradient descent to retrieve, so training can
 # place the symbols' features where φ makes them nearly orthogonal.
 
 

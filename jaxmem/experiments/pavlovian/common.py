@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem.kernels.assoc import associative_memory, init_state
+from jaxmem.kernels.assoc import associative_memory, init
 
 PAPER = "pavlovian"
 
@@ -52,7 +52,7 @@ def scan_segments(k_BTK, v_BTV, xs, probe: Callable, *, rule: str, seg: int, bet
                                    return_state=True)
     return S_BHVK, probe(S_BHVK[:, 0], ex)
 
-  _, out = jax.lax.scan(body, init_state(B, 1, K, V, k_BTK.dtype), (split(k_BTK), split(v_BTV), xs))
+  _, out = jax.lax.scan(body, init(B, 1, K, V, k_BTK.dtype), (split(k_BTK), split(v_BTV), xs))
   return out
 
 

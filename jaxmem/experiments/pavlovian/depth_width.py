@@ -65,7 +65,7 @@ class DepthWidthSettings:
 
   tasks: tuple
   shapes: tuple      # (L, d_model), wide-shallow first, narrow-deep last
-  rules: tuple       # assoc rules, or "softmax"
+  rules: tuple       # assoc rules, or registered mixers by name ("softmax", ...)
   head_dim: int
   vocab_size: int
   seq_len: int
@@ -133,7 +133,7 @@ def run(ctx: RunContext, s: DepthWidthSettings) -> ExperimentResult:
             "accuracy": float(np.mean(accs)), "accuracies": accs, "seconds": float(np.sum(secs)),
             "block_params": block_params(model), "params": count_params(model),
             "heads": mcfg.n_heads,
-            "state_floats_per_layer": 0 if rule == "softmax" else mcfg.n_heads * mcfg.head_dim ** 2}
+            "state_floats_per_layer": mcfg.state_floats(s.seq_len) // L}
   seconds = time.perf_counter() - t_all
   (ctx.outdir / "results.json").write_text(json.dumps({"/".join(map(str, k)): v for k, v in results.items()},
                                                       indent=2))

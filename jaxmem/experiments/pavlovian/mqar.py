@@ -19,10 +19,11 @@ import json
 import time
 
 from jaxmem.experiments import ExperimentResult, RunContext, Table, register
-from jaxmem.models import TransformerConfig
+from jaxmem.kernels.assoc import RULES
+from jaxmem.models import TransformerConfig, mixers
 from jaxmem.results import pyplot
 from jaxmem.tasks.mqar import mqar_stream
-from jaxmem.train.recall import recall_accuracy, recall_mixer, recall_train_config, state_floats, train_recall
+from jaxmem.train.recall import recall_accuracy, recall_mixer, recall_train_config, train_recall
 
 MODELS = ("softmax", "hebb", "delta", "oja", "decay", "gated_delta")
 EVAL_SEED, EVAL_BATCH = 1_000_000, 64   # held-out stream: a seed no training run uses
@@ -43,13 +44,14 @@ class MQARSettings:
   batch_size: int
   lr: float
   eval_batches: int      # held-out batches of 64 sequences
-  models: tuple = MODELS  # a subset of MODELS, in MODELS' order
+  models: tuple = MODELS  # MODELS' names (run in MODELS' order), then any other registered mixer by name
 
   def __post_init__(self):
-    unknown = sorted(set(self.models) - set(MODELS))
+    unknown = sorted(n for n in self.models if n not in MODELS and n not in mixers.names())
     if unknown:
-      raise ValueError(f"unknown MQAR models {unknown}; valid: {list(MODELS)}.")
-    object.__setattr__(self, "models", tuple(n for n in MODELS if n in self.models))
+      raise ValueError(f"unknown MQAR models {unknown}; valid: {list(MODELS)} or a mixer of {mixers.names()}.")
+    object.__setattr__(self, "models", tuple(n for n in MODELS if n in self.models)
+                       + tuple(n for n in self.models if n not in MODELS))
 
 
 def model_config(name: str, width: int, s: MQARSettings) -> TransformerConfig:
@@ -78,7 +80,7 @@ def run(ctx: RunContext, s: MQARSettings) -> ExperimentResult:
       mcfg = model_config(name, width, s)
       model = train_recall(mcfg, stream(s, 0, s.batch_size), cfg, ctx.outdir / f"{name}_d{width}", ctx.progress)
       results[(name, width)] = {"accuracy": accuracy(model, s),
-                                "state_floats": state_floats(mcfg, s.seq_len),
+                                "state_floats": mcfg.state_floats(s.seq_len),
                                 "seconds": time.perf_counter() - t0}
   rows = [[name] + [f"{results[(name, w)]['accuracy']:.3f} ({results[(name, w)]['state_floats']:,})"
                     for w in s.widths] for name in s.models]
@@ -86,7 +88,7 @@ def run(ctx: RunContext, s: MQARSettings) -> ExperimentResult:
                                                       indent=2))
   figure = _plot(ctx, results, s)
   widest = s.widths[-1]
-  rules = [n for n in s.models if n != "softmax"]
+  rules = [n for n in s.models if n in RULES]
   best = max(rules, key=lambda n: results[(n, widest)]["accuracy"]) if rules else None
   summary = [f"softmax {results[('softmax', widest)]['accuracy']:.3f}"] if "softmax" in s.models else []
   summary += [f"best rule {best} {results[(best, widest)]['accuracy']:.3f}"] if best else []
@@ -102,7 +104,9 @@ def run(ctx: RunContext, s: MQARSettings) -> ExperimentResult:
              f"{s.n_steps} AdamW steps at lr {s.lr}, batch {s.batch_size}; accuracy on "
              f"{s.eval_batches}×{EVAL_BATCH} held-out sequences at query positions. "
              "Delta, Oja and gated delta use L2-normalised keys (values for Oja).",
-             "State floats: the final KV cache for softmax (2·L·T·d), L·H·d_head² for a circuit.",
+             "State floats: what the mixers carry per sequence (TransformerConfig.state_floats): the final KV "
+             "cache for softmax (2·L·T·d), L·H·d_head² for a circuit, plus each short convolution's last K − 1 "
+             "inputs.",
              "Anchors (Zoology; vocab 8192, T up to 512, long training): DeltaNet ≈0.79 accuracy at ~9e3 "
              "state floats, ≈0.96 at 3.5e4, ≈1.0 at 1.3e5; attention ≈1.0. The quick sizes are far below "
              "Zoology's (~10⁵ steps): compare the shape of the accuracy-vs-state curves, not absolute values."],

@@ -20,10 +20,11 @@ from jaxmem.models.unimatrix import (
   TripleLatentConfig,
   TripleLatentLM,
   TypedLatentCompressor,
-  three_token_typed_config,
+  TypedLatentConfig,
 )
 from jaxmem.models.unimatrix.baselines import matched_transformer, paper_transformer_config
 from jaxmem.results import pyplot
+from jaxmem.tasks import unimatrix as tt
 from jaxmem.train.loop import TrainTask, apply_model, train
 from jaxmem.train.losses import recall_loss
 from jaxmem.train.recall import recall_train_config
@@ -38,6 +39,16 @@ LABELS = {"transformer": "Transformer", "transformer_matched": "Transformer (equ
           "hybrid": "Recurrent-FFN-Hybrid", "typed_latent": "Typed-Latent",
           "triple_latent": "generic triple-latent"}
 MODEL_NAMES = tuple(LABELS)
+
+
+def three_token_typed_config(latent_dim: int = 16, hidden: int = 64) -> TypedLatentConfig:
+  """The :class:`~jaxmem.models.unimatrix.TypedLatentConfig` of
+  :func:`jaxmem.tasks.unimatrix.three_token_batch`'s vocabulary."""
+  return TypedLatentConfig(
+      vocab_size=tt.THREE_TOKEN_VOCAB, tag_ids=tuple(range(tt.TAG0, tt.TAG0 + tt.MAX_TAGS)),
+      role_ids=(tt.ROLE_A, tt.ROLE_B, tt.ROLE_C), digit_ids=tuple(range(tt.DIGIT0, tt.DIGIT0 + tt.NUM_DIGITS)),
+      task_ids=tuple(range(tt.TASK_TOKEN0, tt.TASK_TOKEN0 + len(tt.THREE_TOKEN_TASKS))), query_id=tt.TT_QUERY,
+      class_ids=tuple(range(tt.CLASS0, tt.CLASS0 + tt.NUM_CLASSES)), latent_dim=latent_dim, hidden=hidden)
 
 
 def model_factory(name: str, *, vocab_size: int, max_len: int, **options) -> Callable[[nnx.Rngs], nnx.Module]:

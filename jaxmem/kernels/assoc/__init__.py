@@ -50,8 +50,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem._checks import check_choice, check_equal, check_positive_int, check_rank, shape_of
 from jaxmem.arrays import device_array
+from jaxmem.checks import check_choice, check_equal, check_positive_int, check_rank, shape_of
 from jaxmem.kernels.assoc.chunked import chunked, chunked_head, unit_lower_inverse
 from jaxmem.kernels.assoc.common import DECAY_RULES, ERASE_RULES, MODES, RULES, acc_dtype
 from jaxmem.kernels.assoc.parallel import parallel_head
@@ -360,10 +360,6 @@ def init(batch: int, heads: int, d_k: int, d_v: int, dtype=jnp.float32) -> jax.A
   return jnp.zeros((batch, heads, d_v, d_k), dtype)
 
 
-# The name before the inference API was unified as init / step (kept: experiments use it).
-init_state = init
-
-
 def step(state, q_t, k_t, v_t, beta_t=None, decay_t=None, *, rule: str, log_decay_t=None,
          normalize_keys: bool = False, precision: Any = "highest"):
   """One token of inference: write ``(k_t, v_t)`` with ``rule``, then read ``o_t = S_t q_t``.
@@ -413,6 +409,6 @@ def step(state, q_t, k_t, v_t, beta_t=None, decay_t=None, *, rule: str, log_deca
 
 __all__ = [
     "DECAY_FLOOR", "DECAY_RULES", "ERASE_RULES", "MODES", "RULES", "associative_memory",
-    "auto_forward_mode", "chunked", "chunked_head", "init", "init_state", "l2_normalize",
+    "auto_forward_mode", "chunked", "chunked_head", "init", "l2_normalize",
     "log_of_decay", "parallel_head", "recurrent_head", "step", "unit_lower_inverse", "update",
 ]

@@ -27,7 +27,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from jaxmem._checks import check_choice, check_positive_int
+from jaxmem.checks import check_choice, check_positive_int
 from jaxmem.kernels.assoc.common import DECAY_RULES, HIGHEST, RULES, causal, decay_mask, eye, mT
 from jaxmem.kernels.precision import Matmul
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxmem._checks import check_choice
+from jaxmem.checks import check_choice
 from jaxmem.kernels.assoc.chunked import chunked_head
 from jaxmem.kernels.assoc.common import HIGHEST, RULES, decay_mask
 from jaxmem.kernels.precision import Matmul

@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxmem._checks import check_choice
+from jaxmem.checks import check_choice
 from jaxmem.kernels.assoc.common import DECAY_RULES, HIGHEST, RULES
 from jaxmem.kernels.precision import Matmul
 

@@ -10,7 +10,7 @@ from typing import Optional
 
 from jaxmem.kernels.ahat import ahat_attention, soft_attention
 from jaxmem.kernels.precision import PRECISIONS
-from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv
+from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv, qkv_state_floats
 from jaxmem.models.mixers.registry import MixerConfig, register
 
 
@@ -38,6 +38,14 @@ class AHATConfig(MixerConfig):
   tol: float = 0.0
   precision: Optional[str] = "highest"
   short_conv: int = 0
+
+  def state_floats(self, *, d_model: int, n_heads: int, seq_len: int) -> int:
+    """The KV cache, ``2·T·d_model`` (plus the short convolution's last ``K − 1`` inputs)."""
+    return 2 * seq_len * d_model + qkv_state_floats(self, d_model)
+
+  @classmethod
+  def examples(cls) -> tuple:
+    return (cls(), cls(beta=4.0))
 
   def __post_init__(self):
     check_short_conv(self)

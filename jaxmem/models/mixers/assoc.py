@@ -16,11 +16,11 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from jaxmem._checks import check_config_ints
+from jaxmem.checks import check_config_ints
 from jaxmem.kernels.assoc import DECAY_RULES, ERASE_RULES, MODES, RULES, associative_memory, l2_normalize
-from jaxmem.kernels.feature_maps import FEATURE_MAPS, feature_map
+from jaxmem.kernels.feature_maps import FEATURE_MAPS, feature_map, feature_width
 from jaxmem.kernels.precision import PRECISIONS
-from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv
+from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv, qkv_state_floats
 from jaxmem.models.mixers.registry import MixerConfig, register
 from jaxmem.sharding import HEADS_BTH, HEADS_BTHK, map_heads
 
@@ -52,6 +52,16 @@ class AssocConfig(MixerConfig):
   chunk_size: int = 64
   precision: str = "highest"
   short_conv: int = 0
+
+  def state_floats(self, *, d_model: int, n_heads: int, seq_len: int) -> int:
+    """One ``D_v × D_k`` matrix per head, ``H·(d_model/H)²`` (feature maps that widen keys widen ``D_k``),
+    plus the short convolution's last ``K − 1`` inputs."""
+    d = d_model // n_heads
+    return n_heads * d * feature_width(self.feature_map, d) + qkv_state_floats(self, d_model)
+
+  @classmethod
+  def examples(cls) -> tuple:
+    return (cls(), cls(rule="gated_delta", short_conv=3, chunk_size=4), cls(rule="oja", feature_map="dpfp1"))
 
   def __post_init__(self):
     check_short_conv(self)

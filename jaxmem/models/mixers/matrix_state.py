@@ -33,12 +33,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxmem._checks import check_config_ints
+from jaxmem.checks import check_config_ints
 from jaxmem.kernels import matrix_state as ms
 from jaxmem.kernels.precision import PRECISIONS
+from jaxmem.models.layers import linear
 from jaxmem.models.mixers.qkv import gate_projection
-from jaxmem.models.mixers.registry import MixerConfig, register
-from jaxmem.sharding import HEADS_BTH, HEADS_BTHK, STATE_BHKV, constrain_heads, map_heads
+from jaxmem.models.mixers.registry import Mixer, MixerConfig, register
+from jaxmem.sharding import HEADS_BTH, HEADS_BTHK, STATE_BHKV, constrain_heads, map_heads, param
 
 UPDATES = ("outer", "hybrid")
 RETENTIONS = ("head", "channel")
@@ -74,6 +75,15 @@ class MatrixStateConfig(MixerConfig):
   chunk_size: int = 64
   precision: str = "highest"
 
+  def state_floats(self, *, d_model: int, n_heads: int, seq_len: int) -> int:
+    """One ``S × S`` matrix per head, ``H·S²``."""
+    S = self.state_dim or d_model // n_heads
+    return n_heads * S * S
+
+  @classmethod
+  def examples(cls) -> tuple:
+    return (cls(), cls(updates="hybrid", retention="channel", output_gate=False, state_dim=4, chunk_size=4))
+
   def __post_init__(self):
     check_config_ints(self, ("state_dim",), allow_zero=True)
     check_config_ints(self, ("chunk_size",))
@@ -98,7 +108,7 @@ class MatrixStateConfig(MixerConfig):
         raise ValueError(f"MatrixStateConfig.{name} must be a bool, got {getattr(self, name)!r}.")
 
 
-class MatrixStateMixer(nnx.Module):
+class MatrixStateMixer(Mixer):
   """``x [B, T, d_model] -> y [B, T, d_model]``: projections here, the recurrence in the kernel."""
 
   def __init__(self, cfg: MatrixStateConfig, *, d_model: int, n_heads: int, n_layers: int, dtype: str,
@@ -109,19 +119,20 @@ class MatrixStateMixer(nnx.Module):
     self.cfg, self.n_heads, self.state_dim = cfg, n_heads, S
     dt = jnp.dtype(dtype)
     self.n_proj = 4 if cfg.updates == "hybrid" else 3  # q, k, v (, d)
-    self.proj = nnx.Linear(d_model, self.n_proj * n_heads * S, dtype=dt, rngs=rngs)
+    self.proj = linear(d_model, self.n_proj * n_heads * S, ("embed", "heads"), dtype=dt, rngs=rngs)
     if cfg.retention == "channel":  # ρ = σ(W_ρ x + b_ρ): W_ρ [d_model, H·S] (head-major), from 0; b_ρ per head
-      self.rho = nnx.Linear(d_model, n_heads * S, use_bias=False, dtype=dt, rngs=rngs,
-                            kernel_init=nnx.initializers.zeros)
-      self.rho_bias = nnx.data(nnx.Param(jnp.full((n_heads,), cfg.rho_bias, jnp.float32)))
+      self.rho = linear(d_model, n_heads * S, ("embed", "heads"), use_bias=False, dtype=dt, rngs=rngs,
+                        kernel_init=nnx.initializers.zeros)
+      self.rho_bias = nnx.data(param(jnp.full((n_heads,), cfg.rho_bias, jnp.float32), ("heads",)))
     else:
       self.rho = gate_projection(d_model, n_heads, jnp.full((n_heads,), cfg.rho_bias), dtype=dt, rngs=rngs)
       self.rho_bias = nnx.data(None)
-    self.mix_logits = nnx.data(nnx.Param(jnp.zeros((n_heads, 3), jnp.float32)) if cfg.updates == "hybrid"
-                               else None)
-    self.out = nnx.Linear(n_heads * S, d_model, dtype=dt, rngs=rngs,
-                          kernel_init=nnx.initializers.normal(0.02 / (2 * n_layers) ** 0.5))
-    self.gate = nnx.data(nnx.Linear(d_model, d_model, dtype=dt, rngs=rngs) if cfg.output_gate else None)
+    self.mix_logits = nnx.data(param(jnp.zeros((n_heads, 3), jnp.float32), ("heads", None), decay=False)
+                               if cfg.updates == "hybrid" else None)
+    self.out = linear(n_heads * S, d_model, ("heads", "embed"), dtype=dt, rngs=rngs,
+                      kernel_init=nnx.initializers.normal(0.02 / (2 * n_layers) ** 0.5))
+    self.gate = nnx.data(linear(d_model, d_model, ("embed", "embed"), dtype=dt, rngs=rngs) if cfg.output_gate
+                         else None)
 
   def __call__(self, x_BTD: jax.Array, initial_state=None, return_state: bool = False):
     """``y [B, T, d_model]``; with ``return_state`` also ``S_T [B, H, S, S]`` (``initial_state``: ``S_0``)."""

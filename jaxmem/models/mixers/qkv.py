@@ -12,18 +12,29 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxmem._checks import check_config_ints, check_positive_int
-from jaxmem.sharding import constrain_heads
+from jaxmem.checks import check_config_ints, check_positive_int
+from jaxmem.models.layers import constant, linear
+from jaxmem.models.mixers.registry import Mixer
+from jaxmem.sharding import constrain_heads, param
 
 
 def check_short_conv(cfg) -> None:
   check_config_ints(cfg, ("short_conv",), allow_zero=True)
 
 
-def gate_projection(d_model: int, width: int, bias, *, dtype, rngs: nnx.Rngs) -> nnx.Linear:
-  """A per-token gate ``W x + b`` with ``W = 0`` at init, so the gate starts at ``bias``."""
-  return nnx.Linear(d_model, width, dtype=dtype, rngs=rngs, kernel_init=nnx.initializers.zeros,
-                    bias_init=lambda *_: jnp.asarray(bias, jnp.float32))
+def qkv_state_floats(cfg, d_model: int) -> int:
+  """What a :class:`QKVMixer`'s short convolution carries between tokens: the last ``K − 1`` of its
+  ``3·d_model`` input channels (0 without one)."""
+  K = getattr(cfg, "short_conv", 0)
+  return (K - 1) * 3 * d_model if K else 0
+
+
+def gate_projection(d_model: int, width: int, bias, *, dtype, rngs: nnx.Rngs,
+                    axis: str | None = "heads") -> nnx.Linear:
+  """A per-token gate ``W x + b`` with ``W = 0`` at init, so the gate starts at ``bias``; its ``width``
+  outputs have the logical ``axis`` (``"heads"``: one per head, or whole heads)."""
+  return linear(d_model, width, ("embed", axis), dtype=dtype, rngs=rngs, kernel_init=nnx.initializers.zeros,
+                bias_init=constant(jnp.asarray(bias, jnp.float32)))
 
 
 class ShortConv(nnx.Module):
@@ -34,12 +45,12 @@ class ShortConv(nnx.Module):
   so this is ``K`` vector ops, not a loop over time). Starts as the identity (``w_0 = 1``).
   """
 
-  def __init__(self, width: int, channels: int, *, rngs: nnx.Rngs):
+  def __init__(self, width: int, channels: int, *, rngs: nnx.Rngs, axis: str | None = "heads"):
     del rngs
     check_positive_int("width", width)
     check_positive_int("channels", channels)
     self.width = width
-    self.kernel = nnx.Param(jnp.zeros((width, channels), jnp.float32).at[0].set(1.0))
+    self.kernel = param(jnp.zeros((width, channels), jnp.float32).at[0].set(1.0), ("conv", axis))
 
   def __call__(self, x_BTC: jax.Array) -> jax.Array:
     T = x_BTC.shape[1]
@@ -51,7 +62,7 @@ class ShortConv(nnx.Module):
     return y
 
 
-class QKVMixer(nnx.Module):
+class QKVMixer(Mixer):
   """``x [B, T, D] -> W_O · read(x, q, k, v)`` with ``q, k, v [B, T, H, D/H]`` from one projection.
 
   ``cfg.short_conv = K > 0`` applies a :class:`ShortConv` of width ``K`` to ``q, k, v``
@@ -65,13 +76,13 @@ class QKVMixer(nnx.Module):
     self.cfg = cfg
     self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
     dt = jnp.dtype(dtype)
-    self.qkv = nnx.Linear(d_model, 3 * d_model, use_bias=False, dtype=dt, rngs=rngs)
-    self.out = nnx.Linear(d_model, d_model, use_bias=False, dtype=dt, rngs=rngs,
-                          kernel_init=nnx.initializers.normal(0.02 / (2 * n_layers) ** 0.5))
+    self.qkv = linear(d_model, 3 * d_model, ("embed", "heads"), use_bias=False, dtype=dt, rngs=rngs)
+    self.out = linear(d_model, d_model, ("heads", "embed"), use_bias=False, dtype=dt, rngs=rngs,
+                      kernel_init=nnx.initializers.normal(0.02 / (2 * n_layers) ** 0.5))
     self.conv = nnx.data(ShortConv(cfg.short_conv, 3 * d_model, rngs=rngs) if cfg.short_conv else None)
 
-  def gate(self, width: int, bias, rngs: nnx.Rngs) -> nnx.Linear:
-    return gate_projection(self.d_model, width, bias, dtype=self.qkv.dtype, rngs=rngs)
+  def gate(self, width: int, bias, rngs: nnx.Rngs, axis: str | None = "heads") -> nnx.Linear:
+    return gate_projection(self.d_model, width, bias, dtype=self.qkv.dtype, rngs=rngs, axis=axis)
 
   def heads(self, x_BTD: jax.Array):
     """``(q, k, v)``, each ``[B, T, H, D/H]`` (heads over the mesh's ``model`` axis when one is set)."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from flax import nnx
+
 REGISTRY: dict[str, tuple[type, type]] = {}
 
 
@@ -25,6 +27,17 @@ class MixerConfig:
 
   def to_dict(self) -> dict:
     return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+  def state_floats(self, *, d_model: int, n_heads: int, seq_len: int) -> int:
+    """Floats of memory one layer of this mixer holds per sequence after ``seq_len`` tokens (the size of its
+    decoding state): ``2·T·d_model`` for softmax attention's KV cache, ``H·d_k·d_v`` for a matrix memory."""
+    raise NotImplementedError(f"{type(self).__name__} does not report its state size (state_floats).")
+
+  @classmethod
+  def examples(cls) -> tuple:
+    """Configs that between them build every parameter and branch of the mixer (the default one unless a
+    subclass lists more): what ``tests/models/test_mixer_contract.py`` checks."""
+    return (cls(),)
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "MixerConfig":
@@ -41,6 +54,34 @@ class MixerConfig:
     if unknown:
       raise ValueError(f"unknown field(s) {unknown} for mixer {name!r}; valid: {sorted(fields)}.")
     return config_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+class Mixer(nnx.Module):
+  """Base of every token mixer module: ``Mixer(cfg, *, d_model, n_heads, n_layers, dtype, rngs)``.
+
+  The contract (checked for every registered name by ``tests/models/test_mixer_contract.py``):
+
+  * ``__call__(x_BTD) -> y_BTD``, causal (output ``t`` depends on inputs ``≤ t`` only), the dtype of ``x``;
+  * every parameter carries logical axes (:func:`jaxmem.sharding.with_axes` / :func:`jaxmem.sharding.param`),
+    from which its mesh layout and its weight decay (:func:`jaxmem.sharding.decays`) derive;
+  * its config's :meth:`MixerConfig.state_floats` is the size of what :meth:`init_state` holds;
+  * decoding, where a mixer has it: :meth:`init_state` and :meth:`step`, with ``step`` applied token by token
+    equal to ``__call__`` on the sequence.
+  """
+
+  def init_state(self, batch_size: int, max_len: int) -> Any:
+    """The decoding state before the first token, for sequences of up to ``max_len`` tokens (a pytree)."""
+    raise NotImplementedError(f"{type(self).__name__} has no token-by-token decoding (init_state / step).")
+
+  def step(self, state: Any, x_BD) -> tuple:
+    """One token: ``(state, x_t [B, d_model]) -> (state, y_t [B, d_model])`` (state first, as every kernel's
+    ``step`` and ``lax.scan``'s body)."""
+    raise NotImplementedError(f"{type(self).__name__} has no token-by-token decoding (init_state / step).")
+
+  @classmethod
+  def decodes(cls) -> bool:
+    """Whether this mixer implements :meth:`init_state` and :meth:`step`."""
+    return cls.step is not Mixer.step
 
 
 def register(name: str, config_cls: type, module_cls: type) -> None:

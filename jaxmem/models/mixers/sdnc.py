@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from jaxmem.kernels.attention import softmax_attention
 from jaxmem.kernels.sdnc import sdnc_attention, sdnc_hybrid_attention
-from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv
+from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv, qkv_state_floats
 from jaxmem.models.mixers.registry import MixerConfig, register
 
 
@@ -31,6 +31,10 @@ class SDNCConfig(MixerConfig):
 
   name: str = dataclasses.field(default="sdnc", init=False)
   short_conv: int = 0
+
+  def state_floats(self, *, d_model: int, n_heads: int, seq_len: int) -> int:
+    """The write-once memory, ``2·T·d_model`` (plus the short convolution's last ``K − 1`` inputs)."""
+    return 2 * seq_len * d_model + qkv_state_floats(self, d_model)
 
   def __post_init__(self):
     check_short_conv(self)
@@ -56,6 +60,16 @@ class SDNCHybridConfig(MixerConfig):
   link_reads: bool = False
   short_conv: int = 0
 
+  def state_floats(self, *, d_model: int, n_heads: int, seq_len: int) -> int:
+    """The memory ``2·T·d_model``, each head's slot strengths ``H·T`` (with a write gate or erase) and its
+    previous read weights ``H·T`` (link reads), plus the short convolution's last ``K − 1`` inputs."""
+    gates = n_heads * seq_len * ((self.write_gate or self.erase) + self.link_reads)
+    return 2 * seq_len * d_model + gates + qkv_state_floats(self, d_model)
+
+  @classmethod
+  def examples(cls) -> tuple:
+    return (cls(), cls(write_gate=True, erase=True, link_reads=True))
+
   def __post_init__(self):
     check_short_conv(self)
     for f in ("write_gate", "erase", "link_reads"):
@@ -77,7 +91,7 @@ class SDNCHybrid(QKVMixer):
     self.write_gate = self.gate(H, jnp.full((H,), 3.0), rngs) if cfg.write_gate else None
     self.erase_gate = self.gate(H, jnp.full((H,), 5.0), rngs) if cfg.erase else None
     modes = jnp.tile(jnp.array([-3.0, 3.0, -3.0]), H)  # (backward, content, forward) per head
-    self.read_modes = self.gate(3 * H, modes, rngs) if cfg.link_reads else None
+    self.read_modes = self.gate(3 * H, modes, rngs, axis=None) if cfg.link_reads else None
 
   def read(self, x_BTD, q, k, v):
     if not self.cfg.any:

@@ -7,7 +7,7 @@ from typing import Optional
 
 from jaxmem.kernels.attention import softmax_attention
 from jaxmem.kernels.precision import PRECISIONS
-from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv
+from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv, qkv_state_floats
 from jaxmem.models.mixers.registry import MixerConfig, register
 from jaxmem.sharding import HEADS_BTHK, map_heads
 
@@ -25,6 +25,14 @@ class SoftmaxConfig(MixerConfig):
   name: str = dataclasses.field(default="softmax", init=False)
   short_conv: int = 0
   precision: Optional[str] = None
+
+  def state_floats(self, *, d_model: int, n_heads: int, seq_len: int) -> int:
+    """The KV cache, ``2·T·d_model`` (plus the short convolution's last ``K − 1`` inputs)."""
+    return 2 * seq_len * d_model + qkv_state_floats(self, d_model)
+
+  @classmethod
+  def examples(cls) -> tuple:
+    return (cls(), cls(short_conv=2))
 
   def __post_init__(self):
     check_short_conv(self)

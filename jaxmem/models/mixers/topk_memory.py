@@ -9,9 +9,10 @@ import dataclasses
 import jax
 from flax import nnx
 
-from jaxmem._checks import check_config_ints, check_finite_number
+from jaxmem.checks import check_config_ints, check_finite_number
 from jaxmem.kernels.topk_memory import topk_memory_read
-from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv
+from jaxmem.models.layers import linear
+from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv, qkv_state_floats
 from jaxmem.models.mixers.registry import MixerConfig, register
 
 
@@ -30,6 +31,14 @@ class TopKMemoryConfig(MixerConfig):
   gated: bool = True
   short_conv: int = 0
 
+  def state_floats(self, *, d_model: int, n_heads: int, seq_len: int) -> int:
+    """The append-only memory of keys and values, ``2·T·d_model``."""
+    return 2 * seq_len * d_model + qkv_state_floats(self, d_model)
+
+  @classmethod
+  def examples(cls) -> tuple:
+    return (cls(), cls(gated=False, top_k=3))
+
   def __post_init__(self):
     check_short_conv(self)
     check_config_ints(self, ("top_k",))
@@ -45,8 +54,8 @@ class TopKMemory(QKVMixer):
 
   def __init__(self, cfg: TopKMemoryConfig, *, d_model, n_heads, n_layers, dtype, rngs):
     super().__init__(cfg, d_model=d_model, n_heads=n_heads, n_layers=n_layers, dtype=dtype, rngs=rngs)
-    self.read_gate = nnx.data(nnx.Linear(d_model, d_model, dtype=self.qkv.dtype, rngs=rngs) if cfg.gated
-                              else None)
+    self.read_gate = nnx.data(linear(d_model, d_model, ("embed", "heads"), dtype=self.qkv.dtype, rngs=rngs)
+                              if cfg.gated else None)
 
   def read(self, x_BTD, q, k, v):
     return topk_memory_read(q, k, v, top_k=self.cfg.top_k, temperature=self.cfg.temperature)

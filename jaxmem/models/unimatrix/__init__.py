@@ -16,7 +16,6 @@ from jaxmem.models.unimatrix.latent import (
     TripleLatentLM,
     TypedLatentCompressor,
     TypedLatentConfig,
-    three_token_typed_config,
 )
 from jaxmem.models.unimatrix.model import UniMatrixBlock, UniMatrixLM, count_params, param_breakdown
 
@@ -24,5 +23,5 @@ __all__ = [
     "PRESETS", "ROSA_SOURCES", "VARIANTS", "RecurrentFFNHybrid", "RecurrentFFNHybridConfig",
     "TripleLatentConfig",
     "TripleLatentLM", "TypedLatentCompressor", "TypedLatentConfig", "UniMatrixBlock", "UniMatrixConfig",
-    "UniMatrixLM", "count_params", "param_breakdown", "three_token_typed_config",
+    "UniMatrixLM", "count_params", "param_breakdown",
 ]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from jaxmem._checks import check_config_ints
+from jaxmem.checks import check_config_ints
 from jaxmem.kernels import matrix_state as ms
 from jaxmem.kernels.precision import PRECISIONS
 from jaxmem.kernels.slots import STRENGTH_UPDATES

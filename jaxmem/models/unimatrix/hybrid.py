@@ -17,8 +17,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxmem._checks import check_config_ints, check_rank
+from jaxmem.checks import check_config_ints, check_rank
 from jaxmem.kernels import matrix_state as ms
+from jaxmem.models.layers import embed, layer_norm, positions
 from jaxmem.models.mixers.matrix_state import UPDATES, MatrixStateConfig, MatrixStateMixer
 from jaxmem.models.mixers.softmax import SoftmaxAttention, SoftmaxConfig
 
@@ -54,10 +55,10 @@ class RecurrentFFNHybridConfig:
 class HybridBlock(nnx.Module):
   def __init__(self, cfg: RecurrentFFNHybridConfig, *, rngs: nnx.Rngs):
     d, H, L = cfg.d_model, cfg.n_heads, cfg.n_layers
-    self.ln1 = nnx.LayerNorm(d, rngs=rngs)
+    self.ln1 = layer_norm(d, rngs=rngs)
     self.attn = SoftmaxAttention(SoftmaxConfig(precision="highest"), d_model=d, n_heads=H, n_layers=L,
                                  dtype="float32", rngs=rngs)
-    self.ln2 = nnx.LayerNorm(d, rngs=rngs)
+    self.ln2 = layer_norm(d, rngs=rngs)
     self.memory = MatrixStateMixer(
         MatrixStateConfig(state_dim=cfg.state_dim, updates=cfg.updates, mode=cfg.mode,
                           chunk_size=cfg.chunk_size),
@@ -73,8 +74,8 @@ class RecurrentFFNHybrid(nnx.Module):
 
   def __init__(self, cfg: RecurrentFFNHybridConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
-    self.pos = nnx.Param(nnx.initializers.normal(0.01)(rngs.params(), (cfg.max_len, cfg.d_model)))
+    self.embed = embed(cfg.vocab_size, cfg.d_model, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.pos = positions(cfg.max_len, cfg.d_model, std=0.01, rngs=rngs)
 
     @nnx.split_rngs(splits=cfg.n_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -82,7 +83,7 @@ class RecurrentFFNHybrid(nnx.Module):
       return HybridBlock(cfg, rngs=rngs)
 
     self.blocks = make_blocks(rngs)
-    self.ln_f = nnx.LayerNorm(cfg.d_model, rngs=rngs)
+    self.ln_f = layer_norm(cfg.d_model, rngs=rngs)
 
   def __call__(self, tokens_BT: jax.Array) -> jax.Array:
     _, T = check_rank("tokens", tokens_BT, 2, "B, T")

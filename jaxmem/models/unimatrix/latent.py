@@ -22,8 +22,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxmem._checks import check_config_ints, check_rank
+from jaxmem.checks import check_config_ints, check_rank
+from jaxmem.models.layers import embed, layer_norm, linear
 from jaxmem.models.mixers.matrix_state import MatrixStateConfig, MatrixStateMixer
+from jaxmem.sharding import param
+
+# the per-task heads, stacked on a leading axis (replicated, not a feature axis: see jaxmem.sharding.decays)
+PER_TASK = ("layers",)
 
 
 def _index_table(vocab_size: int, ids: tuple) -> jax.Array:
@@ -74,12 +79,13 @@ class TypedLatentCompressor(nnx.Module):
   def __init__(self, cfg: TypedLatentConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     L, Hd, n_tasks, n_cls = cfg.latent_dim, cfg.hidden, len(cfg.task_ids), len(cfg.class_ids)
-    self.digit_embed = nnx.Param(nnx.initializers.normal(1.0)(rngs.params(), (len(cfg.digit_ids), L)))
+    self.digit_embed = param(nnx.initializers.normal(1.0)(rngs.params(), (len(cfg.digit_ids), L)), (None, None))
     init = nnx.initializers.lecun_normal()
-    self.w1 = nnx.Param(jax.vmap(lambda k: init(k, (3 * L, Hd)))(jax.random.split(rngs.params(), n_tasks)))
-    self.b1 = nnx.Param(jnp.zeros((n_tasks, Hd)))
-    self.w2 = nnx.Param(jax.vmap(lambda k: init(k, (Hd, n_cls)))(jax.random.split(rngs.params(), n_tasks)))
-    self.b2 = nnx.Param(jnp.zeros((n_tasks, n_cls)))
+    per_task = lambda shape: jax.vmap(lambda k: init(k, shape))(jax.random.split(rngs.params(), n_tasks))
+    self.w1 = param(per_task((3 * L, Hd)), PER_TASK + (None, None))
+    self.b1 = param(jnp.zeros((n_tasks, Hd)), PER_TASK + (None,))
+    self.w2 = param(per_task((Hd, n_cls)), PER_TASK + (None, None))
+    self.b2 = param(jnp.zeros((n_tasks, n_cls)), PER_TASK + (None,))
 
   def __call__(self, tokens_BT: jax.Array) -> jax.Array:
     cfg = self.cfg
@@ -126,12 +132,12 @@ class TripleLatentConfig:
 class _TripleBlock(nnx.Module):
   def __init__(self, cfg: TripleLatentConfig, *, rngs: nnx.Rngs):
     d = cfg.d_model
-    self.ln1 = nnx.LayerNorm(d, rngs=rngs)
+    self.ln1 = layer_norm(d, rngs=rngs)
     self.mixer = MatrixStateMixer(MatrixStateConfig(state_dim=cfg.state_dim), d_model=d, n_heads=cfg.n_heads,
                                   n_layers=cfg.n_layers, dtype="float32", rngs=rngs)
-    self.ln2 = nnx.LayerNorm(d, rngs=rngs)
-    self.up = nnx.Linear(d, 4 * d, rngs=rngs)
-    self.down = nnx.Linear(4 * d, d, rngs=rngs)
+    self.ln2 = layer_norm(d, rngs=rngs)
+    self.up = linear(d, 4 * d, ("embed", "ffn"), rngs=rngs)
+    self.down = linear(4 * d, d, ("ffn", "embed"), rngs=rngs)
 
   def __call__(self, h):
     h = h + self.mixer(self.ln1(h))
@@ -144,8 +150,8 @@ class TripleLatentLM(nnx.Module):
   def __init__(self, cfg: TripleLatentConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     d = cfg.d_model
-    self.embed = nnx.Embed(cfg.vocab_size, d, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
-    self.triple = nnx.Linear(3 * d, d, rngs=rngs)
+    self.embed = embed(cfg.vocab_size, d, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.triple = linear(3 * d, d, (None, "embed"), rngs=rngs)
 
     @nnx.split_rngs(splits=cfg.n_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -153,7 +159,7 @@ class TripleLatentLM(nnx.Module):
       return _TripleBlock(cfg, rngs=rngs)
 
     self.blocks = make(rngs)
-    self.ln_f = nnx.LayerNorm(d, rngs=rngs)
+    self.ln_f = layer_norm(d, rngs=rngs)
 
   def __call__(self, tokens_BT: jax.Array) -> jax.Array:
     _, T = check_rank("tokens", tokens_BT, 2, "B, T")
@@ -169,14 +175,3 @@ class TripleLatentLM(nnx.Module):
       return block(h)
 
     return self.embed.attend(self.ln_f(run(self.blocks, h))).astype(jnp.float32)
-
-
-def three_token_typed_config(latent_dim: int = 16, hidden: int = 64) -> TypedLatentConfig:
-  """The :class:`TypedLatentConfig` of :func:`jaxmem.tasks.unimatrix.three_token_batch`'s vocabulary."""
-  from jaxmem.tasks import unimatrix as tt  # the task's vocabulary; models do not otherwise depend on tasks
-
-  return TypedLatentConfig(
-      vocab_size=tt.THREE_TOKEN_VOCAB, tag_ids=tuple(range(tt.TAG0, tt.TAG0 + tt.MAX_TAGS)),
-      role_ids=(tt.ROLE_A, tt.ROLE_B, tt.ROLE_C), digit_ids=tuple(range(tt.DIGIT0, tt.DIGIT0 + tt.NUM_DIGITS)),
-      task_ids=tuple(range(tt.TASK_TOKEN0, tt.TASK_TOKEN0 + len(tt.THREE_TOKEN_TASKS))), query_id=tt.TT_QUERY,
-      class_ids=tuple(range(tt.CLASS0, tt.CLASS0 + tt.NUM_CLASSES)), latent_dim=latent_dim, hidden=hidden)

@@ -41,22 +41,26 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxmem._checks import check_rank
+from jaxmem.checks import check_rank
 from jaxmem.kernels import rosa as rosa_kernel
 from jaxmem.kernels import slots as slot_kernel
+from jaxmem.models.layers import embed, layer_norm, linear, positions
 from jaxmem.models.mixers.matrix_state import MatrixStateConfig, MatrixStateMixer
 from jaxmem.models.mixers.topk_memory import TopKMemory, TopKMemoryConfig
 from jaxmem.models.remat import policy as remat_policy
 from jaxmem.models.unimatrix.config import UniMatrixConfig
+from jaxmem.sharding import param
+
+EMBED2 = ("embed", "embed")  # a d_model × d_model matrix (replicated)
 
 
 class FeedForward(nnx.Module):
   """``W_2 GELU(W_1 x + b_1) + b_2``."""
 
   def __init__(self, d_model: int, d_ff: int, n_layers: int, *, rngs: nnx.Rngs):
-    self.up = nnx.Linear(d_model, d_ff, rngs=rngs)
-    self.down = nnx.Linear(d_ff, d_model, rngs=rngs,
-                           kernel_init=nnx.initializers.normal(0.02 / (2 * n_layers) ** 0.5))
+    self.up = linear(d_model, d_ff, ("embed", "ffn"), rngs=rngs)
+    self.down = linear(d_ff, d_model, ("ffn", "embed"), rngs=rngs,
+                       kernel_init=nnx.initializers.normal(0.02 / (2 * n_layers) ** 0.5))
 
   def __call__(self, x):
     return self.down(jax.nn.gelu(self.up(x)))
@@ -74,16 +78,16 @@ class UniMatrixBlock(nnx.Module):
 
   def __init__(self, cfg: UniMatrixConfig, *, rngs: nnx.Rngs):
     d = cfg.d_model
-    self.ln1 = nnx.LayerNorm(d, rngs=rngs)
+    self.ln1 = layer_norm(d, rngs=rngs)
     self.mixer = MatrixStateMixer(matrix_state_config(cfg), d_model=d, n_heads=cfg.n_heads,
                                   n_layers=cfg.n_steps, dtype="float32", rngs=rngs)
     if cfg.dense_memory:
-      self.ln_m = nnx.data(nnx.LayerNorm(d, rngs=rngs))
+      self.ln_m = nnx.data(layer_norm(d, rngs=rngs))
       self.memory = nnx.data(TopKMemory(TopKMemoryConfig(top_k=cfg.dense_top_k), d_model=d, n_heads=cfg.n_heads,
                                         n_layers=cfg.n_steps, dtype="float32", rngs=rngs))
     else:
       self.ln_m, self.memory = nnx.data(None), nnx.data(None)
-    self.ln2 = nnx.LayerNorm(d, rngs=rngs)
+    self.ln2 = layer_norm(d, rngs=rngs)
     self.ffn = FeedForward(d, cfg.ffn_dim, cfg.n_steps, rngs=rngs)
     self.drop = nnx.data(nnx.Dropout(cfg.dropout) if cfg.dropout else None)
 
@@ -155,37 +159,41 @@ class UniMatrixLM(nnx.Module):
     self.cfg = cfg
     V, d = cfg.vocab_size, cfg.d_model
     emb_init = nnx.initializers.normal(0.02)
-    self.embed = nnx.Embed(V, d, embedding_init=emb_init, rngs=rngs)
-    self.pos = nnx.data(nnx.Param(nnx.initializers.normal(0.01)(rngs.params(), (cfg.max_len, d)))
+    self.embed = embed(V, d, embedding_init=emb_init, rngs=rngs)
+    self.pos = nnx.data(positions(cfg.max_len, d, std=0.01, rngs=rngs)
                         if cfg.positions == "learned" else None)
     none = nnx.data(None)
     self.rosa_embed, self.rosa_mod = none, none
     if cfg.rosa != "none":
-      self.rosa_embed = nnx.data(nnx.Embed(V, d, embedding_init=emb_init, rngs=rngs))
-      self.rosa_mod = nnx.data(nnx.Linear(d, d, kernel_init=nnx.initializers.zeros, rngs=rngs))
-    self.step_embed = nnx.data(nnx.Param(jnp.zeros((cfg.n_steps, d), jnp.float32)) if cfg.step_embed else None)
+      self.rosa_embed = nnx.data(embed(V, d, embedding_init=emb_init, rngs=rngs))
+      self.rosa_mod = nnx.data(linear(d, d, EMBED2, kernel_init=nnx.initializers.zeros, rngs=rngs))
+    self.step_embed = nnx.data(param(jnp.zeros((cfg.n_steps, d), jnp.float32), ("layers", "embed"))
+                               if cfg.step_embed else None)
     self.deep_embed, self.deep_proj = none, none
     if cfg.deep_embed:
-      self.deep_embed = nnx.data(nnx.Embed(V, d, embedding_init=emb_init, rngs=rngs))
-      self.deep_proj = nnx.data(nnx.Linear(d, d, rngs=rngs))
+      self.deep_embed = nnx.data(embed(V, d, embedding_init=emb_init, rngs=rngs))
+      self.deep_proj = nnx.data(linear(d, d, EMBED2, rngs=rngs))
     self.block = UniMatrixBlock(cfg, rngs=rngs)
     # ACT halting unit; bias 1 (Graves 2016, §3: a positive bias makes early halting the default)
-    self.halt = nnx.data(nnx.Linear(d, 1, bias_init=nnx.initializers.constant(1.0), rngs=rngs) if cfg.act
+    self.halt = nnx.data(linear(d, 1, ("embed", None), bias_init=nnx.initializers.constant(1.0), rngs=rngs)
+                         if cfg.act
                          else None)
     self.slot_norm, self.slot_query, self.slot_out, self.slot_gate = none, none, none, none
     self.write_gate, self.pointer_gate = none, none
     if cfg.n_slots:
-      self.slot_norm = nnx.data(nnx.LayerNorm(d, rngs=rngs))
-      self.slot_query = nnx.data(nnx.Linear(d, d, rngs=rngs) if cfg.slot_query == "hidden" else None)
-      self.slot_out = nnx.data(nnx.Linear(d, d, rngs=rngs))
-      self.slot_gate = nnx.data(nnx.Linear(d, d, rngs=rngs))
+      self.slot_norm = nnx.data(layer_norm(d, rngs=rngs))
+      self.slot_query = nnx.data(linear(d, d, EMBED2, rngs=rngs) if cfg.slot_query == "hidden" else None)
+      self.slot_out = nnx.data(linear(d, d, EMBED2, rngs=rngs))
+      self.slot_gate = nnx.data(linear(d, d, EMBED2, rngs=rngs))
       if cfg.write_gate:  # starts open: σ(3) ≈ 0.95
-        self.write_gate = nnx.data(nnx.Linear(d, 1, kernel_init=nnx.initializers.zeros,
-                                              bias_init=nnx.initializers.constant(3.0), rngs=rngs))
+        self.write_gate = nnx.data(linear(d, 1, ("embed", None), kernel_init=nnx.initializers.zeros,
+                                          bias_init=nnx.initializers.constant(3.0), rngs=rngs))
       if cfg.pointer:
-        self.pointer_gate = nnx.data(nnx.Linear(d, 1, bias_init=nnx.initializers.constant(1.0), rngs=rngs))
-    self.ln_f = nnx.LayerNorm(d, rngs=rngs)
-    self.head = nnx.data(None if cfg.tie_embeddings else nnx.Linear(d, V, use_bias=False, rngs=rngs))
+        self.pointer_gate = nnx.data(linear(d, 1, ("embed", None), bias_init=nnx.initializers.constant(1.0),
+                                            rngs=rngs))
+    self.ln_f = layer_norm(d, rngs=rngs)
+    self.head = nnx.data(None if cfg.tie_embeddings
+                         else linear(d, V, ("embed", "vocab"), use_bias=False, rngs=rngs))
     # dropout (cfg.dropout > 0): one key per call from this stream, split over depth steps and sites.
     # Forked last, so that the parameters are those of the same config without dropout.
     self.drop = nnx.data(nnx.Dropout(cfg.dropout) if cfg.dropout else None)

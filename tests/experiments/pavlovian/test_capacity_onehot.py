@@ -1,8 +1,8 @@
 """assoc_capacity_onehot (Schlag et al. 2021's one-hot-value setting) at tiny sizes: outputs exist, the
 physics holds, and the tables agree with the raw data the experiment measured; the trained-key model
-(:mod:`jaxmem.models.trained_keys`) with constructed weights (disjoint DPFP features) reaches zero loss where
-the published numbers say training can (whether training gets there is the experiment's report, not a unit
-test)."""
+(:mod:`jaxmem.experiments.pavlovian.trained_keys`) with constructed weights (disjoint DPFP features) reaches
+zero loss where the published numbers say training can (whether training gets there is the experiment's
+report, not a unit test)."""
 
 import dataclasses
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from jaxmem.experiments.pavlovian import capacity_onehot as exp
+from jaxmem.experiments.pavlovian import trained_keys
 from jaxmem.experiments.pavlovian.common import SCHLAG_2021
 from jaxmem.kernels.feature_maps import NORMS, feature_width, normalized_features
-from jaxmem.models import trained_keys
 from jaxmem.tasks.pairs import sample_distinct, sample_symbol_streams
 from tests.experiments.pavlovian.helpers import capture, first_failure_n, make_ctx, quick_settings
 from tests.kernels.test_feature_maps import dpfp_reference, elu1_reference

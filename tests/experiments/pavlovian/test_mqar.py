@@ -14,7 +14,6 @@ from jaxmem.experiments import REGISTRY
 from jaxmem.experiments.pavlovian import mqar as exp
 from jaxmem.models import AssocConfig, SoftmaxConfig
 from jaxmem.tasks.mqar import mqar_stream
-from jaxmem.train.recall import state_floats
 from tests.conftest import forward
 from tests.experiments.pavlovian.helpers import keep_trained_models
 
@@ -35,8 +34,10 @@ def test_state_sizes():
   s = quick_settings()
   soft = exp.model_config("softmax", 64, s)
   delta = exp.model_config("delta", 64, s)
-  assert state_floats(soft, 64) == 2 * 2 * 64 * 64
-  assert state_floats(delta, 64) == 2 * 2 * 32 * 32
+  conv = (s.short_conv - 1) * 3 * 64   # the short convolution's last K − 1 inputs of q, k, v, per layer
+  assert s.short_conv == 4
+  assert soft.state_floats(64) == 2 * (2 * 64 * 64 + conv)
+  assert delta.state_floats(64) == 2 * (2 * 32 * 32 + conv)
   assert isinstance(soft.mixer, SoftmaxConfig) and isinstance(delta.mixer, AssocConfig)
   assert delta.mixer.key_norm and not exp.model_config("hebb", 64, s).mixer.key_norm
 

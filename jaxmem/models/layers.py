@@ -1,0 +1,56 @@
+"""Flax NNX layers whose parameters carry logical axes (:mod:`jaxmem.sharding`): what every body and mixer
+builds its projections, embeddings and norms from.
+
+``linear(d_model, 3 * d_model, ("embed", "heads"), rngs=rngs)`` is ``nnx.Linear`` with its kernel annotated
+``("embed", "heads")`` and its bias ``("heads",)``; the initializers and their random draws are
+``nnx.Linear``'s own, so a model built from these layers has the same values as one built from plain
+``nnx`` layers. The mesh layout and the weight-decay mask of a model are derived from these annotations
+alone (:func:`jaxmem.sharding.state_shardings`, :func:`jaxmem.sharding.decay_mask`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import jax
+from flax import nnx
+from flax.nnx.nn.linear import default_bias_init, default_embed_init, default_kernel_init
+
+from jaxmem.sharding import param, with_axes
+
+Axes = Sequence[Optional[str]]
+
+
+def linear(d_in: int, d_out: int, axes: Axes, *, use_bias: bool = True, dtype=None, rngs: nnx.Rngs,
+           kernel_init: Callable = default_kernel_init, bias_init: Callable = default_bias_init) -> nnx.Linear:
+  """``nnx.Linear(d_in, d_out)``: kernel ``[d_in, d_out]`` with logical ``axes`` (input, output), bias
+  ``[d_out]`` with the output's axis."""
+  axes = tuple(axes)
+  if len(axes) != 2:
+    raise ValueError(f"`axes` of a linear layer name its input and output dimensions, got {axes!r}.")
+  return nnx.Linear(d_in, d_out, use_bias=use_bias, dtype=dtype, rngs=rngs,
+                    kernel_init=with_axes(kernel_init, axes), bias_init=with_axes(bias_init, axes[1:]))
+
+
+def embed(num: int, features: int, axes: Axes = ("vocab", "embed"), *, dtype=None, rngs: nnx.Rngs,
+          embedding_init: Callable = default_embed_init) -> nnx.Embed:
+  """``nnx.Embed(num, features)`` with its table annotated ``axes``."""
+  return nnx.Embed(num, features, dtype=dtype, rngs=rngs, embedding_init=with_axes(embedding_init, axes))
+
+
+def layer_norm(features: int, axis: Optional[str] = "embed", *, dtype=None, rngs: nnx.Rngs,
+               **kwargs) -> nnx.LayerNorm:
+  """``nnx.LayerNorm(features)`` with scale and bias annotated ``(axis,)``."""
+  return nnx.LayerNorm(features, dtype=dtype, rngs=rngs, scale_init=with_axes(nnx.initializers.ones, (axis,)),
+                       bias_init=with_axes(nnx.initializers.zeros, (axis,)), **kwargs)
+
+
+def positions(max_len: int, d_model: int, *, std: float, rngs: nnx.Rngs) -> nnx.Param:
+  """Learned absolute positions ``[max_len, d_model]``, ``N(0, std²)``, axes ``("length", "embed")`` (so never
+  weight-decayed)."""
+  return param(nnx.initializers.normal(std)(rngs.params(), (max_len, d_model)), ("length", "embed"))
+
+
+def constant(value) -> Callable:
+  """An initializer returning ``value`` (cast to the requested dtype), for gates' biases."""
+  return lambda key, shape, dtype=None: jax.numpy.broadcast_to(jax.numpy.asarray(value, dtype), shape)

@@ -1,0 +1,116 @@
+"""The mixer contract (jaxmem.models.mixers.registry.Mixer), checked for every registered name: a new memory
+that passes this file is laid out on a mesh, weight-decayed, sized and decoded with no other edit.
+
+Per mixer and each config of its ``examples()`` (which between them build every parameter; tiny sizes,
+float32): built by name; ``[B, T, d] -> [B, T, d]`` in the input's dtype; causal (one Jacobian: output
+``(b, t)`` never depends on input ``(c, s)`` with ``c ≠ b`` or ``s > t``); one compiled program for every
+instance of the config; every parameter carries logical axes; its state size is a positive int, equal to what
+``init_state`` holds; and, where the mixer decodes, ``step`` token by token equals the sequence call."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxmem import sharding
+from jaxmem.models import mixers
+from jaxmem.models.mixers import Mixer
+
+D, H, B, T = 12, 2, 2, 7
+CASES = [(name, i) for name in mixers.names() for i in range(len(mixers.lookup(name)[0].examples()))]
+_TRACES: dict = {}
+
+
+def _build(cfg, seed=0):
+  return mixers.build(cfg, d_model=D, n_heads=H, n_layers=2, dtype="float32", rngs=nnx.Rngs(seed))
+
+
+@nnx.jit
+def _forward_and_jacobian(mixer, x_BTD, w_D):
+  """``y`` and ``J[b, t, c, s] = Σ_e |∂ (y[b, t] · w) / ∂ x[c, s, e]|``, from one program."""
+  _TRACES[mixer.cfg] = _TRACES.get(mixer.cfg, 0) + 1  # once per trace, never per call
+  graphdef, state = nnx.split(mixer)
+  f = lambda x: nnx.merge(graphdef, state, copy=True)(x)
+  y = f(x_BTD)
+  J = jnp.abs(jax.jacrev(lambda x: f(x) @ w_D)(x_BTD)).sum(-1)
+  return y, J
+
+
+def _inputs(seed):
+  k1, k2 = jax.random.split(jax.random.key(seed))
+  return jax.random.normal(k1, (B, T, D)), jax.random.normal(k2, (D,))
+
+
+@pytest.mark.parametrize("name, example", CASES)
+def test_mixer_contract(name, example):
+  config_cls, module_cls = mixers.lookup(name)
+  cfg = config_cls.examples()[example]
+  assert cfg.name == name and mixers.MixerConfig.from_dict(cfg.to_dict()) == cfg
+  assert issubclass(module_cls, Mixer), f"{name}: subclass jaxmem.models.mixers.Mixer"
+  mixer = _build(cfg)
+
+  # every parameter annotated (layout and weight decay derive from the annotations)
+  params = nnx.state(mixer, nnx.Param)
+  assert jax.tree.leaves(params), name
+  assert sharding.unannotated(params) == [], f"{name}: parameters without logical axes"
+
+  # shapes, dtype, causality: one program, then the same program for another instance and other inputs
+  x, w = _inputs(0)
+  y, J = _forward_and_jacobian(mixer, x, w)
+  assert y.shape == (B, T, D) and y.dtype == jnp.float32, (name, y.shape, y.dtype)
+  assert np.isfinite(np.asarray(y)).all(), name
+  J = np.asarray(J)
+  allowed = np.eye(B, dtype=bool)[:, None, :, None] & np.tril(np.ones((T, T), bool))[None, :, None, :]
+  leaks = np.argwhere((J != 0.0) & ~allowed)
+  assert leaks.size == 0, f"{name}: output (b, t) depends on input (c, s) at {leaks[:5].tolist()}"
+  # and it can see: every output after the first depends on some input (hard and top-K reads depend on the ones
+  # they select; a memory of strictly earlier tokens reads nothing at t = 0)
+  assert (J.sum((2, 3))[:, 1:] > 0).all(), f"{name}: an output depends on no input (the check would be blind)"
+  assert _TRACES[cfg] == 1, f"{cfg}: traced {_TRACES[cfg]} times"
+  x2, w2 = _inputs(1)
+  _forward_and_jacobian(_build(cfg, seed=1), x2, w2)
+  assert _TRACES[cfg] == 1, f"{cfg}: a new instance of one config compiled again"
+
+  # state size: a positive int; grows with T only for memories that keep every token
+  size = lambda t: cfg.state_floats(d_model=D, n_heads=H, seq_len=t)
+  assert isinstance(size(T), int) and size(T) > 0, (name, size(T))
+  assert size(2 * T) >= size(T), name
+
+  if module_cls.decodes():
+    state = mixer.init_state(1, T)
+    assert sum(np.size(leaf) for leaf in jax.tree.leaves(state)) == size(T), name
+    ys = _decode(mixer, x)
+    np.testing.assert_allclose(ys, np.asarray(y), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@nnx.jit
+def _decode_jit(mixer, x_BTD):
+  state = mixer.init_state(x_BTD.shape[0], x_BTD.shape[1])
+
+  def body(state, x_BD):
+    return mixer.step(state, x_BD)
+
+  _, ys = jax.lax.scan(body, state, jnp.swapaxes(x_BTD, 0, 1))
+  return jnp.swapaxes(ys, 0, 1)
+
+
+def _decode(mixer, x):
+  return np.asarray(_decode_jit(mixer, x))
+
+
+def test_base_class_says_what_a_mixer_without_decoding_lacks():
+  @dataclasses.dataclass(frozen=True)
+  class _Cfg(mixers.MixerConfig):
+    name: str = dataclasses.field(default="_none", init=False)
+
+  class _NoDecoding(Mixer):
+    pass
+
+  assert not _NoDecoding.decodes()
+  with pytest.raises(NotImplementedError, match="_NoDecoding has no token-by-token decoding"):
+    _NoDecoding().init_state(1, 4)
+  with pytest.raises(NotImplementedError, match="does not report its state size"):
+    _Cfg().state_floats(d_model=4, n_heads=1, seq_len=3)

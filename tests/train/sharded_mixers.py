@@ -1,0 +1,58 @@
+"""Every registered mixer on a ``model`` axis of 2: ``python -m tests.train.sharded_mixers OUT.json`` (run
+with 2 fake CPU devices). For each mixer (the first of its config's ``examples()``), a 2-layer TransformerLM's
+loss and gradient on a ``(data=1, model=2)`` mesh (parameters laid out by their logical axes, the memory
+kernels run per device on their heads) and on one device; saves the largest difference, the per-device shapes
+of the mixer's parameters and the layout table."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxmem import sharding
+from jaxmem.models import TransformerConfig, TransformerLM, mixers
+from jaxmem.train import lm_loss
+
+VOCAB, T, BATCH = 32, 12, 2
+
+
+def model_for(name: str) -> TransformerLM:
+  cfg = mixers.lookup(name)[0].examples()[0]
+  return TransformerLM(TransformerConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, d_ff=48,
+                                         max_len=T, mixer=cfg), rngs=nnx.Rngs(0))
+
+
+def main(out: str) -> None:
+  assert jax.device_count() == 2, jax.devices()
+  mesh = sharding.make_mesh(model=2)
+  tokens = (np.arange(BATCH * (T + 1)).reshape(BATCH, T + 1) * 7) % VOCAB
+  batch = {"inputs": jnp.asarray(tokens[:, :-1]), "targets": jnp.asarray(tokens[:, 1:])}
+  results = {}
+  for name in mixers.names():
+    g, p, r = nnx.split(model_for(name), nnx.Param, ...)
+    loss_and_grad = lambda p, b, g=g, r=r: jax.value_and_grad(lambda p: lm_loss(nnx.merge(g, p, r), b)[0])(p)
+    single = jax.jit(loss_and_grad)(p, batch)
+    psh = sharding.state_shardings(p, mesh)
+    f = jax.jit(loss_and_grad, in_shardings=(psh, NamedSharding(mesh, P())), out_shardings=(None, psh))
+    with jax.set_mesh(mesh):
+      sharded = f(jax.device_put(p, psh), batch)
+    diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+               for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded), strict=True))
+    leaves = jax.tree_util.tree_leaves_with_path(sharded[1])
+    shapes = {sharding.path_str(path): [list(x.shape), list(x.addressable_shards[0].data.shape)]
+              for path, x in leaves if "/attn/" in sharding.path_str(path)}
+    results[name] = {"max_abs_diff": diff, "scale": float(np.abs(np.asarray(single[0]))), "shapes": shapes,
+                     "layout": sharding.layout_table(p, mesh)}
+  with open(out, "w") as fh:
+    json.dump(results, fh)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])
