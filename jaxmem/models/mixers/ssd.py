@@ -1,0 +1,292 @@
+"""Mamba-2 as a token mixer (Dao & Gu 2024, "Transformers are SSMs", arXiv:2405.21060, the Mamba-2 block).
+
+With ``d_inner = expand · d_model`` split into the body's ``H = n_heads`` heads of ``P = d_inner / H``
+channels, ``G = n_groups`` groups of ``N = d_state`` shared by ``H / G`` heads each, and ``x`` the block's
+normalised input ``[batch, T, d_model]``::
+
+    z = W_z x,  u = W_x x [d_inner],  B = W_B x,  C = W_C x [G·N],  δ = W_Δ x [H]    (no biases)
+    u, B, C = SiLU(conv(u)), SiLU(conv(B)), SiLU(conv(C))        causal depthwise, width d_conv, with bias
+    Δ = softplus(δ + dt_bias),   A = −exp(A_log)                 float32
+    y = SSD(u [H, P], Δ, A, B, C, D)                              :func:`jaxmem.kernels.ssd.ssd`
+    y = RMSNorm(y ⊙ SiLU(z)) ⊙ w                                  per group of d_inner / G channels
+    out = W_out y
+
+The SSD recurrence per head is ``h_t = exp(Δ_t A) h_{t−1} + Δ_t u_t B_tᵀ``, ``y_t = h_t C_t + D u_t``
+(:mod:`jaxmem.kernels.ssd`: the associative memory's ``decay`` rule). The gate multiplies before the norm
+(Mamba-2's gated RMSNorm with ``norm_before_gate=False``); with ``G > 1`` each group of ``d_inner / G``
+channels (the channels of ``H / G`` heads) is normalised on its own.
+
+Initialisation (Mamba-2's): ``Δ`` at ``dt_bias = softplus⁻¹(Δ₀)`` with ``Δ₀`` log-uniform in
+``[dt_min, dt_max]`` and floored at ``dt_init_floor``; ``A_log = log a``, ``a`` uniform in ``a_init_range``;
+``D = 1``; norm weight 1; the convolution's taps and bias uniform in ``±1/√d_conv`` (PyTorch's ``Conv1d``
+default, which Mamba-2's convolution uses); input projections ``nnx.Linear``'s default; the output
+projection ``N(0, 0.02/√(2·n_layers))`` as :class:`~jaxmem.models.mixers.qkv.QKVMixer`'s. The projections
+are separate matrices (Mamba-2 fuses them into one ``in_proj``), so that each carries clean logical axes:
+``"heads"`` for dimensions made of whole heads (``d_inner``, ``H``), ``"state"`` for ``G·N`` (shared by the
+heads, replicated over a mesh), ``"conv"`` for the taps. On a mesh the kernel runs per device on its own
+batch rows and heads (:func:`jaxmem.sharding.map_heads`); with ``G > 1`` the groups are first broadcast to
+their heads, since a device's local head ``i`` is not global head ``i`` (replicated groups would be read by the
+wrong heads).
+
+Tested: ``tests/models/test_ssd_mixer.py`` (against a float64 NumPy re-implementation of the block; decoding;
+state size; in ``TransformerLM``; logical axes and weight decay) and ``tests/models/test_mixer_contract.py``.
+
+Decoding: :meth:`Mamba2.init_state` / :meth:`Mamba2.step` carry the last ``d_conv − 1`` inputs of the
+convolution (``u, B, C`` channels) and the SSM state ``[batch, H, P, N]``; their size does not grow with
+the sequence (:meth:`SSDConfig.state_floats`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.nnx.nn.linear import default_kernel_init
+
+from jaxmem.checks import check_config_ints, check_positive_int
+from jaxmem.kernels import ssd as ssd_kernel
+from jaxmem.kernels.precision import PRECISIONS
+from jaxmem.models.mixers.registry import Mixer, MixerConfig, register
+from jaxmem.sharding import HEADS_BTH, HEADS_BTHK, constrain_heads, map_heads, param, with_axes
+
+SHARED_BTGN = ("batch", "length", None, None)  # B and C with one group: read by every head, replicated
+
+
+@dataclasses.dataclass(frozen=True)
+class SSDConfig(MixerConfig):
+  """Attributes:
+    d_state: ``N``, the state size of each head (Mamba-2's ``d_state``).
+    expand: ``d_inner = expand · d_model``; the body's ``n_heads`` must divide it (head width ``d_inner / H``).
+    n_groups: ``G``, groups of ``B`` / ``C`` shared by ``H / G`` heads each; must divide ``n_heads``.
+    d_conv: width of the causal depthwise convolution over the ``x``, ``B``, ``C`` channels (1: taps of the
+      current token only).
+    dt_min, dt_max: the range of the log-uniform initial step sizes ``Δ₀``; dt_init_floor: their floor.
+    a_init_range: ``(lo, hi)``, ``0 < lo ≤ hi``: ``−A`` is drawn uniformly from it.
+    chunk_size, mode: the SSD kernel's form (:func:`jaxmem.kernels.ssd.ssd`).
+    norm_eps: the gated RMSNorm's ``ε``.
+    precision: matmul precision of the kernel (:mod:`jaxmem.kernels.precision`).
+  """
+
+  name: str = dataclasses.field(default="ssd", init=False)
+  d_state: int = 16
+  expand: int = 2
+  n_groups: int = 1
+  d_conv: int = 4
+  dt_min: float = 1e-3
+  dt_max: float = 0.1
+  dt_init_floor: float = 1e-4
+  a_init_range: tuple = (1.0, 16.0)
+  chunk_size: int = 64
+  mode: str = "auto"
+  norm_eps: float = 1e-5
+  precision: str = "highest"
+
+  @classmethod
+  def examples(cls) -> tuple:
+    """The default (one group: ``B``, ``C`` shared by every head) and two groups (broadcast to their heads)."""
+    return (cls(), cls(n_groups=2, d_state=4, d_conv=2, chunk_size=4))
+
+  def __post_init__(self):
+    check_config_ints(self, ("d_state", "expand", "n_groups", "d_conv", "chunk_size"))
+    for name in ("dt_min", "dt_max", "norm_eps"):
+      if not _finite(getattr(self, name)) or getattr(self, name) <= 0:
+        raise ValueError(f"SSDConfig.{name} must be a finite positive number, got {getattr(self, name)!r}.")
+    if self.dt_min > self.dt_max:
+      raise ValueError(f"SSDConfig.dt_min={self.dt_min!r} must not exceed dt_max={self.dt_max!r}.")
+    if not _finite(self.dt_init_floor) or self.dt_init_floor < 0:
+      raise ValueError(f"SSDConfig.dt_init_floor must be a finite number >= 0, got {self.dt_init_floor!r}.")
+    r = self.a_init_range
+    if isinstance(r, list):  # a config file's list; a tuple keeps the config hashable
+      object.__setattr__(self, "a_init_range", r := tuple(r))
+    if not (isinstance(r, tuple) and len(r) == 2 and all(_finite(a) for a in r) and 0 < r[0] <= r[1]):
+      raise ValueError(f"SSDConfig.a_init_range must be a pair (lo, hi) of finite numbers with 0 < lo <= hi, "
+                       f"got {r!r}.")
+    if self.mode not in ssd_kernel.MODES:
+      raise ValueError(f"SSDConfig.mode must be one of {list(ssd_kernel.MODES)}, got {self.mode!r}.")
+    if not isinstance(self.precision, str) or self.precision.lower() not in PRECISIONS:
+      raise ValueError(f"SSDConfig.precision must be one of {list(PRECISIONS)}, got {self.precision!r}.")
+
+  def dims(self, *, d_model: int, n_heads: int) -> tuple[int, int]:
+    """``(d_inner, head_dim)`` for a body of ``d_model`` and ``n_heads``; ``ValueError`` unless they fit."""
+    check_positive_int("d_model", d_model)
+    check_positive_int("n_heads", n_heads)
+    d_inner = self.expand * d_model
+    if d_inner % n_heads:
+      raise ValueError(f"SSDConfig: n_heads={n_heads} must divide d_inner = expand·d_model = {d_inner}.")
+    if n_heads % self.n_groups:
+      raise ValueError(f"SSDConfig.n_groups={self.n_groups} must divide n_heads={n_heads}.")
+    return d_inner, d_inner // n_heads
+
+  def conv_channels(self, *, d_model: int) -> int:
+    """Channels of the convolution: ``x`` (``d_inner``), ``B`` and ``C`` (``G·N`` each)."""
+    return self.expand * d_model + 2 * self.n_groups * self.d_state
+
+  def state_floats(self, *, d_model: int, n_heads: int, seq_len: int) -> int:
+    """``H·P·N`` (the SSM state) ``+ (d_conv − 1)·(d_inner + 2·G·N)`` (the convolution's window); constant in
+    ``seq_len``."""
+    del seq_len
+    d_inner, _ = self.dims(d_model=d_model, n_heads=n_heads)
+    return d_inner * self.d_state + (self.d_conv - 1) * self.conv_channels(d_model=d_model)
+
+
+def _finite(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _last(w: jax.Array, ndim: int) -> jax.Array:
+  """A vector ``[C]`` shaped ``[1, .., 1, C]`` to broadcast over an array of rank ``ndim`` explicitly."""
+  return w.reshape((1,) * (ndim - 1) + w.shape)
+
+
+class CausalConv(nnx.Module):
+  """Depthwise causal convolution with bias: ``y_t = b + Σ_{j<K} w_j ⊙ u_{t−K+1+j}`` on ``[batch, T, C]``.
+
+  Tap ``K − 1`` sees the current token (a cross-correlation over the last ``K`` inputs, zeros before the
+  first), so decoding keeps the last ``K − 1`` inputs and :meth:`step` applies the taps to that window with
+  the new token appended. ``kernel [K, C]`` has logical axes ``("conv", axis)``, ``bias [C]`` ``(axis,)``.
+  """
+
+  def __init__(self, width: int, channels: int, axis: str, *, rngs: nnx.Rngs):
+    bound = 1.0 / math.sqrt(width)  # PyTorch's Conv1d default for one input channel per group
+    draw = lambda shape: jax.random.uniform(rngs.params(), shape, jnp.float32, -bound, bound)
+    self.width = width
+    self.kernel = param(draw((width, channels)), ("conv", axis))
+    self.bias = param(draw((channels,)), (axis,))
+
+  def __call__(self, u_BTC: jax.Array) -> jax.Array:
+    K, T = self.width, u_BTC.shape[1]
+    w = self.kernel[...].astype(u_BTC.dtype)
+    padded = jnp.pad(u_BTC, ((0, 0), (K - 1, 0), (0, 0)))
+    y = _last(self.bias[...].astype(u_BTC.dtype), 3)
+    for j in range(K):  # taps, not time steps
+      y = y + _last(w[j], 3) * padded[:, j:j + T]
+    return y
+
+  def step(self, window_BKC: jax.Array) -> jax.Array:
+    """The output for the newest token of ``window [batch, K, C]`` (the last ``K`` inputs, oldest first)."""
+    w = self.kernel[...].astype(window_BKC.dtype)
+    return self.bias[...].astype(window_BKC.dtype)[None] + jnp.sum(w[None] * window_BKC, axis=1)
+
+
+class Mamba2(Mixer):
+  """``x [batch, T, d_model] -> [batch, T, d_model]``: the Mamba-2 block of the module docstring."""
+
+  def __init__(self, cfg: SSDConfig, *, d_model: int, n_heads: int, n_layers: int, dtype: str, rngs: nnx.Rngs):
+    d_inner, P = cfg.dims(d_model=d_model, n_heads=n_heads)
+    H, G, N, K = n_heads, cfg.n_groups, cfg.d_state, cfg.d_conv
+    self.cfg, self.d_model, self.d_inner = cfg, d_model, d_inner
+    self.n_heads, self.head_dim = H, P
+    self.compute_dtype = jnp.dtype(dtype)
+
+    def proj(d_in, d_out, axes, init=default_kernel_init):
+      return nnx.Linear(d_in, d_out, use_bias=False, dtype=self.compute_dtype, rngs=rngs,
+                        kernel_init=with_axes(init, axes))
+
+    self.in_z = proj(d_model, d_inner, ("embed", "heads"))
+    self.in_x = proj(d_model, d_inner, ("embed", "heads"))
+    self.in_B = proj(d_model, G * N, ("embed", "state"))
+    self.in_C = proj(d_model, G * N, ("embed", "state"))
+    self.in_dt = proj(d_model, H, ("embed", "heads"))
+    self.conv_x = CausalConv(K, d_inner, "heads", rngs=rngs)
+    self.conv_B = CausalConv(K, G * N, "state", rngs=rngs)
+    self.conv_C = CausalConv(K, G * N, "state", rngs=rngs)
+    # Δ₀ log-uniform in [dt_min, dt_max], floored; dt_bias = softplus⁻¹(Δ₀) = Δ₀ + log(1 − exp(−Δ₀))
+    lo, hi = math.log(cfg.dt_min), math.log(cfg.dt_max)
+    dt0 = jnp.exp(jax.random.uniform(rngs.params(), (H,), jnp.float32, lo, hi))
+    dt0 = jnp.maximum(dt0, cfg.dt_init_floor)
+    self.dt_bias = param(dt0 + jnp.log(-jnp.expm1(-dt0)), ("heads",))
+    a = jax.random.uniform(rngs.params(), (H,), jnp.float32, *map(float, cfg.a_init_range))
+    self.A_log = param(jnp.log(a), ("heads",))
+    self.D = param(jnp.ones((H,), jnp.float32), ("heads",))
+    self.norm = param(jnp.ones((d_inner,), jnp.float32), ("heads",))
+    out_init = nnx.initializers.normal(0.02 / math.sqrt(2 * n_layers))  # as QKVMixer's output projection
+    self.out = proj(d_inner, d_model, ("heads", "embed"), out_init)
+
+  # -- pieces shared by __call__ and step ---------------------------------------------------
+
+  def _projections(self, x):
+    """``x [..., d_model]`` -> ``(z, u, B, C, δ)`` (each ``[..., ·]``, compute dtype)."""
+    x = x.astype(self.compute_dtype)
+    return self.in_z(x), self.in_x(x), self.in_B(x), self.in_C(x), self.in_dt(x)
+
+  def _ssm_params(self, dt_raw):
+    """``Δ = softplus(δ + dt_bias)`` ``[..., H]`` and ``A = −exp(A_log)`` ``[H]``, in float32."""
+    dt = jax.nn.softplus(dt_raw.astype(jnp.float32) + _last(self.dt_bias[...], dt_raw.ndim))
+    return dt, -jnp.exp(self.A_log[...])
+
+  def _gated_norm_out(self, y, z):
+    """``W_out (RMSNorm(y ⊙ SiLU(z)) ⊙ w)`` with the norm per group of ``d_inner / G`` channels."""
+    G = self.cfg.n_groups
+    g = y.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))
+    grouped = g.reshape(g.shape[:-1] + (G, self.d_inner // G))
+    grouped = grouped * jax.lax.rsqrt(jnp.mean(jnp.square(grouped), axis=-1, keepdims=True) + self.cfg.norm_eps)
+    g = grouped.reshape(g.shape) * _last(self.norm[...], g.ndim)
+    return self.out(g.astype(self.compute_dtype))
+
+  def _groups(self, B, C):
+    """``B``, ``C`` ``[..., G·N]`` -> ``[..., G, N]``."""
+    G, N = self.cfg.n_groups, self.cfg.d_state
+    return B.reshape(B.shape[:-1] + (G, N)), C.reshape(C.shape[:-1] + (G, N))
+
+  # -- the sequence ---------------------------------------------------------------------------
+
+  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    nb, T, _ = x_BTD.shape
+    H, P, cfg = self.n_heads, self.head_dim, self.cfg
+    z, u, B, C, dt_raw = self._projections(x_BTD)
+    u = jax.nn.silu(self.conv_x(u))
+    B, C = self._groups(jax.nn.silu(self.conv_B(B)), jax.nn.silu(self.conv_C(C)))
+    dt, A = self._ssm_params(dt_raw)
+    u = constrain_heads(u.reshape(nb, T, H, P))
+    if cfg.n_groups == 1:
+      bc_axes = SHARED_BTGN
+    else:
+      # G > 1 groups: given to the kernel per head, so that a device holding a block of heads (map_heads)
+      # reads each head's own group (on a device, local head i is not global head i).
+      B, C = (jnp.repeat(a, H // cfg.n_groups, axis=2) for a in (B, C))
+      bc_axes = HEADS_BTHK
+
+    def kernel(u, dt, A, B, C, D):
+      return ssd_kernel.ssd(u, dt, A, B, C, D, mode=cfg.mode, chunk_size=cfg.chunk_size,
+                            precision=cfg.precision)
+
+    # per device: its own batch rows and heads (jaxmem.sharding.map_heads), when a mesh is set
+    y = map_heads(kernel, (u, dt, A, B, C, self.D[...]),
+                  (HEADS_BTHK, HEADS_BTH, ("heads",), bc_axes, bc_axes, ("heads",)), HEADS_BTHK)
+    y = constrain_heads(y).reshape(nb, T, self.d_inner)
+    return self._gated_norm_out(y, z).astype(x_BTD.dtype)
+
+  # -- decoding -------------------------------------------------------------------------------
+
+  def init_state(self, batch_size: int, max_len: int) -> dict:
+    """``{"conv": [batch, d_conv − 1, d_inner + 2·G·N]`` (the last inputs of the convolution, oldest first;
+    channels ``x, B, C``), ``"ssm": [batch, H, P, N]`` float32``}``, all zeros; ``max_len`` is not needed (the
+    state has a fixed size)."""
+    del max_len
+    check_positive_int("batch_size", batch_size)
+    cfg = self.cfg
+    conv = jnp.zeros((batch_size, cfg.d_conv - 1, cfg.conv_channels(d_model=self.d_model)), self.compute_dtype)
+    return {"conv": conv, "ssm": ssd_kernel.init(batch_size, self.n_heads, self.head_dim, cfg.d_state)}
+
+  def step(self, state: dict, x_BD: jax.Array) -> tuple:
+    """One token: ``(state, x_t [batch, d_model]) -> (state, y_t [batch, d_model])``."""
+    nb = x_BD.shape[0]
+    d_inner, GN = self.d_inner, self.cfg.n_groups * self.cfg.d_state
+    z, u, B, C, dt_raw = self._projections(x_BD)
+    new = jnp.concatenate([u, B, C], axis=-1).astype(state["conv"].dtype)
+    window = jnp.concatenate([state["conv"], new[:, None]], axis=1)  # [batch, K, channels]
+    u = jax.nn.silu(self.conv_x.step(window[..., :d_inner]))
+    B = jax.nn.silu(self.conv_B.step(window[..., d_inner:d_inner + GN]))
+    C = jax.nn.silu(self.conv_C.step(window[..., d_inner + GN:]))
+    B, C = self._groups(B, C)
+    dt, A = self._ssm_params(dt_raw)
+    ssm, y = ssd_kernel.step(state["ssm"], u.reshape(nb, self.n_heads, self.head_dim), dt, A, B, C, self.D[...],
+                             precision=self.cfg.precision)
+    out = self._gated_norm_out(y.reshape(nb, d_inner), z).astype(x_BD.dtype)
+    return {"conv": window[:, 1:], "ssm": ssm}, out
+
+
+register("ssd", SSDConfig, Mamba2)
