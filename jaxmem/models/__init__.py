@@ -9,8 +9,6 @@ from jaxmem.models.mixers import AssocConfig, MixerConfig, SDNCConfig, SDNCHybri
 from jaxmem.models.sdnc import EncoderDecoderConfig, SDNCEncoderDecoder, SDNCTransformer, copy_params
 from jaxmem.models.transformer import TransformerConfig, TransformerLM, count_params
 from jaxmem.models.unimatrix import (
-    RecurrentFFNHybrid,
-    RecurrentFFNHybridConfig,
     TripleLatentLM,
     TypedLatentCompressor,
     UniMatrixConfig,
@@ -21,6 +19,6 @@ __all__ = [
     "DNC", "AssocConfig", "DNCConfig", "EncoderDecoderConfig", "MixerConfig", "SDNCConfig",
     "SDNCEncoderDecoder",
     "SDNCHybridConfig", "SDNCTransformer", "SoftmaxConfig", "TransformerConfig", "TransformerLM", "copy_params",
-    "count_params", "mixers", "RecurrentFFNHybrid", "RecurrentFFNHybridConfig", "TripleLatentLM",
+    "count_params", "mixers", "TripleLatentLM",
     "TypedLatentCompressor", "UniMatrixConfig", "UniMatrixLM",
 ]

@@ -14,7 +14,7 @@ Every paper model in jaxmem is compared with this one.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
+from typing import Mapping, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +39,7 @@ class TransformerConfig:
     d_model: residual width.
     n_layers: number of blocks.
     n_heads: heads of the mixer; must divide ``d_model``.
-    d_ff: hidden width of the feed-forward layer.
+    d_ff: hidden width of the MLP feed-forward layer (``ffn="mlp"``).
     max_len: longest sequence the learned positions cover.
     tie_embeddings: read logits with the transposed input embedding.
     remat: recompute each block in the backward pass (``jax.checkpoint``).
@@ -58,6 +58,9 @@ class TransformerConfig:
     output_dim: 0 for ``vocab_size`` logits; > 0 for a linear read-out of that width.
     positions: "learned" (absolute, up to ``max_len``), "sinusoidal" (fixed) or "none"
       (causal mixers infer order; the choice for length generalisation).
+    ffn: each block's second slot: "mlp" (the GELU feed-forward layer of width ``d_ff``), a mixer config
+      (a second memory in the FFN's place: ``MatrixStateConfig()`` is UniMatrix's Recurrent-FFN-Hybrid,
+      :func:`jaxmem.models.unimatrix.recurrent_ffn_hybrid`), or None (mixer-only blocks).
   """
 
   vocab_size: int = 256
@@ -74,6 +77,7 @@ class TransformerConfig:
   input_dim: int = 0
   output_dim: int = 0
   positions: str = "learned"
+  ffn: Union[str, MixerConfig, None] = "mlp"
 
   def __post_init__(self):
     check_config_ints(self, ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"))
@@ -92,6 +96,11 @@ class TransformerConfig:
     if not pattern or not all(isinstance(m, MixerConfig) for m in pattern):
       raise ValueError(f"TransformerConfig.mixer must be a mixer config (one of {mixers.names()}) or a "
                        f"non-empty tuple of them, got {self.mixer!r}.")
+    if isinstance(self.ffn, Mapping):  # a config file's dict form of a mixer
+      object.__setattr__(self, "ffn", MixerConfig.from_dict(self.ffn))
+    if not (self.ffn in ("mlp", None) or isinstance(self.ffn, MixerConfig)):
+      raise ValueError(f"TransformerConfig.ffn must be 'mlp', None or a mixer config (one of "
+                       f"{mixers.names()}), got {self.ffn!r}.")
     if self.n_layers % len(pattern):
       raise ValueError(f"TransformerConfig.mixer has {len(pattern)} entries, which must divide "
                        f"n_layers={self.n_layers} (one per layer, or a pattern repeated).")
@@ -114,10 +123,11 @@ class TransformerConfig:
 
   def state_floats(self, seq_len: int) -> int:
     """Floats of memory the mixers hold per sequence after ``seq_len`` tokens, summed over layers (each layer's
-    own mixer: :meth:`jaxmem.models.mixers.MixerConfig.state_floats`): ``2·L·T·d`` for softmax attention's KV
-    cache, ``L·H·d_head²`` for an associative memory."""
-    return sum(self.layer_mixer(i).state_floats(d_model=self.d_model, n_heads=self.n_heads, seq_len=seq_len)
-               for i in range(self.n_layers))
+    own mixer, and a mixer in the ffn slot: :meth:`jaxmem.models.mixers.MixerConfig.state_floats`): ``2·L·T·d``
+    for softmax attention's KV cache, ``L·H·d_head²`` for an associative memory."""
+    size = lambda m: m.state_floats(d_model=self.d_model, n_heads=self.n_heads, seq_len=seq_len)
+    ffn = size(self.ffn) if isinstance(self.ffn, MixerConfig) else 0
+    return sum(size(self.layer_mixer(i)) + ffn for i in range(self.n_layers))
 
 
 class FeedForward(nnx.Module):
@@ -132,8 +142,8 @@ class FeedForward(nnx.Module):
 
 
 class Block(nnx.Module):
-  """Pre-LN block: ``x + Mixer(LN(x))`` then ``x + FFN(LN(x))``; ``mixer_cfg`` picks the mixer
-  (held as ``self.attn``)."""
+  """Pre-LN block: ``x + Mixer(LN(x))`` then ``x + FFN(LN(x))``; ``mixer_cfg`` picks the mixer (held as
+  ``self.attn``), ``cfg.ffn`` the second slot (the MLP, another mixer, or nothing)."""
 
   def __init__(self, cfg: TransformerConfig, mixer_cfg: Optional[MixerConfig] = None, *, rngs: nnx.Rngs):
     dt = jnp.dtype(cfg.dtype)
@@ -143,12 +153,16 @@ class Block(nnx.Module):
     # checkpoints and the leaf order that global-norm clipping sums in, are the pre-mixer model's.
     self.attn = mixers.build(mixer_cfg, d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers,
                              dtype=cfg.dtype, rngs=rngs)
-    self.ln2 = layer_norm(cfg.d_model, dtype=dt, rngs=rngs)
-    self.ffn = FeedForward(cfg, rngs=rngs)
+    if cfg.ffn is None:
+      self.ln2, self.ffn = nnx.data(None), nnx.data(None)
+    else:
+      self.ln2 = layer_norm(cfg.d_model, dtype=dt, rngs=rngs)
+      self.ffn = FeedForward(cfg, rngs=rngs) if cfg.ffn == "mlp" else mixers.build(
+          cfg.ffn, d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers, dtype=cfg.dtype, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x + self.attn(self.ln1(x))
-    return x + self.ffn(self.ln2(x))
+    return x if self.ffn is None else x + self.ffn(self.ln2(x))
 
 
 class TransformerLM(nnx.Module):

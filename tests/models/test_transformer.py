@@ -153,3 +153,24 @@ def test_short_conv_module_rejects_bad_sizes(width, channels, match):
   from jaxmem.models.mixers import ShortConv
   with pytest.raises(ValueError, match=match):
     ShortConv(width, channels, rngs=nnx.Rngs(0))
+
+
+def test_the_ffn_slot_holds_the_mlp_another_mixer_or_nothing():
+  # built abstractly (the structure and counts are what change): nothing is compiled
+  from jaxmem.models.mixers import MatrixStateConfig
+  base = dict(vocab_size=32, d_model=16, n_layers=2, n_heads=2, d_ff=24, max_len=8)
+  build = lambda **kw: nnx.eval_shape(lambda: TransformerLM(TransformerConfig(**base, **kw), rngs=nnx.Rngs(0)))
+  mlp, none = build(), build(ffn=None)
+  mem = build(ffn={"name": "matrix_state", "state_dim": 4})   # a config file's dict form
+  assert isinstance(mem.cfg.ffn, MatrixStateConfig) and mem.cfg.ffn.state_dim == 4
+  ffn_mlp = 16 * 24 + 24 + 24 * 16 + 16 + 2 * 16          # up, down and the second LayerNorm, per layer
+  assert count_params(mlp) - count_params(none) == 2 * ffn_mlp
+  assert none.blocks.ffn is None and none.blocks.ln2 is None
+  assert count_params(mem) - count_params(none) == count_params(mem.blocks.ffn) + 2 * 2 * 16
+  x = jax.ShapeDtypeStruct((2, 8), jnp.int32)
+  for m in (mlp, none, mem):
+    assert nnx.eval_shape(lambda m, x: m(x), m, x).shape == (2, 8, 32)
+  # the memory in the ffn slot counts in the state size: one 4 × 4 matrix per head and layer
+  assert mem.cfg.state_floats(8) == mlp.cfg.state_floats(8) + 2 * 2 * 4 * 4
+  with pytest.raises(ValueError, match="TransformerConfig.ffn must be 'mlp', None or a mixer config"):
+    TransformerConfig(**base, ffn="gelu")

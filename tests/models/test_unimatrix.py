@@ -19,13 +19,13 @@ from jaxmem.experiments.unimatrix.common import three_token_typed_config
 from jaxmem.models import TransformerConfig, TransformerLM, UniMatrixConfig, UniMatrixLM, count_params
 from jaxmem.models.unimatrix import (
   VARIANTS,
-  RecurrentFFNHybrid,
-  RecurrentFFNHybridConfig,
   TripleLatentConfig,
   TripleLatentLM,
   TypedLatentCompressor,
   param_breakdown,
+  recurrent_ffn_hybrid,
 )
+from jaxmem.models.unimatrix.hybrid import params_from_legacy as hybrid_params_from_legacy
 from jaxmem.models.unimatrix.model import _Inputs
 from jaxmem.train.losses import recall_loss, with_ponder_cost
 from tests.models.jitted import assert_causal, forward, logits_and_aux, program_text
@@ -498,9 +498,9 @@ def test_jit_and_parameter_gradients_of_the_richest_variants():
 # --- the other architectures ---------------------------------------------------------------
 
 def test_recurrent_ffn_hybrid_is_causal_and_sized():
-  cfg = RecurrentFFNHybridConfig(vocab_size=V, d_model=16, n_layers=2, n_heads=2, state_dim=8, max_len=16,
-                                 chunk_size=4)
-  model = RecurrentFFNHybrid(cfg, rngs=nnx.Rngs(0))
+  cfg = recurrent_ffn_hybrid(vocab_size=V, d_model=16, n_layers=2, n_heads=2, state_dim=8, max_len=16,
+                             chunk_size=4)
+  model = TransformerLM(cfg, rngs=nnx.Rngs(0))
   x = tokens()
   y = forward(model, x)
   assert y.shape == (2, T, V)
@@ -550,3 +550,14 @@ def test_typed_latent_reads_only_the_queried_records_digits():
   np.testing.assert_array_equal(np.asarray(forward(model, jnp.asarray(other_changed)))[:, -1], y)
   moved = np.abs(np.asarray(forward(model, jnp.asarray(query_changed)))[:, -1] - y).max(axis=-1)
   assert np.all(moved > 0), moved
+
+
+def test_recurrent_ffn_hybrid_legacy_parameters_load_into_the_body():
+  # the former RecurrentFFNHybrid's parameter tree (blocks/memory) loads into the body's (blocks/ffn)
+  cfg = recurrent_ffn_hybrid(vocab_size=V, d_model=16, n_layers=2, n_heads=2, state_dim=8, max_len=16)
+  model = nnx.eval_shape(lambda: TransformerLM(cfg, rngs=nnx.Rngs(0)))
+  body = nnx.state(model, nnx.Param).to_pure_dict()
+  legacy = {**body, "blocks": {("memory" if k == "ffn" else k): v for k, v in body["blocks"].items()}}
+  assert jax.tree.structure(hybrid_params_from_legacy(legacy)) == jax.tree.structure(body)
+  with pytest.raises(ValueError, match="blocks/memory"):
+    hybrid_params_from_legacy(body)

@@ -15,12 +15,11 @@ from flax import nnx
 from jaxmem.models import TransformerLM, UniMatrixConfig, UniMatrixLM, count_params
 from jaxmem.models.unimatrix import (
   VARIANTS,
-  RecurrentFFNHybrid,
-  RecurrentFFNHybridConfig,
   TripleLatentConfig,
   TripleLatentLM,
   TypedLatentCompressor,
   TypedLatentConfig,
+  recurrent_ffn_hybrid,
 )
 from jaxmem.models.unimatrix.baselines import matched_transformer, paper_transformer_config
 from jaxmem.results import pyplot
@@ -65,9 +64,9 @@ def model_factory(name: str, *, vocab_size: int, max_len: int, **options) -> Cal
     cfg, _ = matched_transformer(count_params(core), vocab_size=vocab_size, max_len=max_len)
     return lambda rngs: TransformerLM(cfg, rngs=rngs)
   if name == "hybrid":
-    hcfg = RecurrentFFNHybridConfig(vocab_size=vocab_size, max_len=max_len, d_model=64, n_layers=3, n_heads=4,
-                                    state_dim=16)
-    return lambda rngs: RecurrentFFNHybrid(hcfg, rngs=rngs)
+    hcfg = recurrent_ffn_hybrid(vocab_size=vocab_size, max_len=max_len, d_model=64, n_layers=3, n_heads=4,
+                                state_dim=16)
+    return lambda rngs: TransformerLM(hcfg, rngs=rngs)
   if name == "typed_latent":
     tcfg = three_token_typed_config()
     return lambda rngs: TypedLatentCompressor(tcfg, rngs=rngs)

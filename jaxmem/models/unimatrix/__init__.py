@@ -5,12 +5,12 @@
   (:mod:`.config`, :mod:`.model`);
 * :class:`TypedLatentCompressor` and :class:`TripleLatentLM` — the three-token benchmark's
   typed (benchmark-aware) and generic latent models (:mod:`.latent`);
-* :class:`RecurrentFFNHybrid` — the baseline Transformer with its FFN replaced by a
-  recurrent memory block (:mod:`.hybrid`).
+* :func:`recurrent_ffn_hybrid` — the baseline Transformer with its FFN replaced by a
+  recurrent memory block: a :class:`~jaxmem.models.TransformerConfig` (:mod:`.hybrid`).
 """
 
 from jaxmem.models.unimatrix.config import PRESETS, ROSA_SOURCES, VARIANTS, UniMatrixConfig
-from jaxmem.models.unimatrix.hybrid import RecurrentFFNHybrid, RecurrentFFNHybridConfig
+from jaxmem.models.unimatrix.hybrid import recurrent_ffn_hybrid
 from jaxmem.models.unimatrix.latent import (
     TripleLatentConfig,
     TripleLatentLM,
@@ -20,8 +20,7 @@ from jaxmem.models.unimatrix.latent import (
 from jaxmem.models.unimatrix.model import UniMatrixBlock, UniMatrixLM, count_params, param_breakdown
 
 __all__ = [
-    "PRESETS", "ROSA_SOURCES", "VARIANTS", "RecurrentFFNHybrid", "RecurrentFFNHybridConfig",
-    "TripleLatentConfig",
+    "PRESETS", "ROSA_SOURCES", "VARIANTS", "TripleLatentConfig",
     "TripleLatentLM", "TypedLatentCompressor", "TypedLatentConfig", "UniMatrixBlock", "UniMatrixConfig",
-    "UniMatrixLM", "count_params", "param_breakdown",
+    "UniMatrixLM", "count_params", "param_breakdown", "recurrent_ffn_hybrid",
 ]

@@ -4,96 +4,41 @@ matrix-state memory block (Liu Xiao 2026, arXiv:2604.25930, ``docs/papers/unimat
 Pre-LN blocks ``x + Attention(LN x)`` then ``x + MatrixState(LN x)``: attention keeps exact
 lookup; the position-wise FFN slot becomes a compact causal recurrence
 (:class:`~jaxmem.models.mixers.matrix_state.MatrixStateMixer`, Core's gated outer-product
-state). Same embedding, positions, final norm and tied read-out as
-:class:`~jaxmem.models.TransformerLM`; layers stacked with ``nnx.vmap`` and applied with
-``nnx.scan``.
+state). It is a configuration of the one body, :class:`~jaxmem.models.TransformerLM`
+(``TransformerConfig(ffn=MatrixStateConfig(...))``): same embedding, positions, final norm and tied
+read-out.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
-import jax
-import jax.numpy as jnp
-from flax import nnx
-
-from jaxmem.checks import check_config_ints, check_rank
-from jaxmem.kernels import matrix_state as ms
-from jaxmem.models.layers import embed, layer_norm, positions
-from jaxmem.models.mixers.matrix_state import UPDATES, MatrixStateConfig, MatrixStateMixer
-from jaxmem.models.mixers.softmax import SoftmaxAttention, SoftmaxConfig
+from jaxmem.models.mixers.matrix_state import MatrixStateConfig
+from jaxmem.models.mixers.softmax import SoftmaxConfig
+from jaxmem.models.transformer import TransformerConfig
 
 
-@dataclasses.dataclass(frozen=True)
-class RecurrentFFNHybridConfig:
-  """Attributes: as :class:`~jaxmem.models.TransformerConfig` (``vocab_size``, ``d_model``,
-  ``n_layers``, ``n_heads``, ``max_len``) plus the recurrent block's ``state_dim`` (0:
-  ``d_model // n_heads``), ``updates`` ("outer" / "hybrid"), ``mode`` and ``chunk_size``."""
-
-  vocab_size: int = 259
-  d_model: int = 64
-  n_layers: int = 3
-  n_heads: int = 4
-  state_dim: int = 16
-  max_len: int = 128
-  updates: str = "outer"
-  mode: str = "auto"
-  chunk_size: int = 64
-
-  def __post_init__(self):
-    check_config_ints(self, ("vocab_size", "d_model", "n_layers", "n_heads", "max_len", "chunk_size"))
-    check_config_ints(self, ("state_dim",), allow_zero=True)
-    if self.d_model % self.n_heads:
-      raise ValueError(f"RecurrentFFNHybridConfig.n_heads={self.n_heads} must divide d_model={self.d_model}.")
-    if self.updates not in UPDATES:
-      raise ValueError(f"RecurrentFFNHybridConfig.updates must be one of {list(UPDATES)}, "
-                       f"got {self.updates!r}.")
-    if self.mode not in ms.MODES:
-      raise ValueError(f"RecurrentFFNHybridConfig.mode must be one of {list(ms.MODES)}, got {self.mode!r}.")
+def recurrent_ffn_hybrid(*, vocab_size: int = 259, d_model: int = 64, n_layers: int = 3, n_heads: int = 4,
+                         state_dim: int = 16, max_len: int = 128, updates: str = "outer", mode: str = "auto",
+                         chunk_size: int = 64) -> TransformerConfig:
+  """The :class:`~jaxmem.models.TransformerConfig` of the Recurrent-FFN-Hybrid: softmax attention (float32
+  matmuls) and, in each block's FFN slot, a matrix-state memory with ``state_dim`` (0: ``d_model //
+  n_heads``), ``updates`` ("outer" / "hybrid"), ``mode`` and ``chunk_size``; tied embeddings, learned
+  positions. Build it with ``TransformerLM(recurrent_ffn_hybrid(...), rngs=...)``; bad values raise
+``ValueError`` from the configs."""
+  return TransformerConfig(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                           max_len=max_len, mixer=SoftmaxConfig(precision="highest"),
+                           ffn=MatrixStateConfig(state_dim=state_dim, updates=updates, mode=mode,
+                                                 chunk_size=chunk_size))
 
 
-class HybridBlock(nnx.Module):
-  def __init__(self, cfg: RecurrentFFNHybridConfig, *, rngs: nnx.Rngs):
-    d, H, L = cfg.d_model, cfg.n_heads, cfg.n_layers
-    self.ln1 = layer_norm(d, rngs=rngs)
-    self.attn = SoftmaxAttention(SoftmaxConfig(precision="highest"), d_model=d, n_heads=H, n_layers=L,
-                                 dtype="float32", rngs=rngs)
-    self.ln2 = layer_norm(d, rngs=rngs)
-    self.memory = MatrixStateMixer(
-        MatrixStateConfig(state_dim=cfg.state_dim, updates=cfg.updates, mode=cfg.mode,
-                          chunk_size=cfg.chunk_size),
-        d_model=d, n_heads=H, n_layers=L, dtype="float32", rngs=rngs)
-
-  def __call__(self, x):
-    x = x + self.attn(self.ln1(x))
-    return x + self.memory(self.ln2(x))
+def params_from_legacy(params: dict) -> dict:
+  """Parameters saved by the former ``RecurrentFFNHybrid`` module (a nested dict, e.g. restored with Orbax
+  without a target) as this configuration's: its ``blocks/memory/...`` are ``blocks/ffn/...``; every other
+  path and every value is unchanged (the same initialisation draws, in the same order)."""
+  if not isinstance(params, dict) or not isinstance(params.get("blocks"), dict) or \
+      "memory" not in params["blocks"]:
+    raise ValueError("`params` must be a nested dict with a 'blocks/memory' subtree (a RecurrentFFNHybrid's).")
+  blocks = {("ffn" if k == "memory" else k): v for k, v in params["blocks"].items()}
+  return {**params, "blocks": blocks}
 
 
-class RecurrentFFNHybrid(nnx.Module):
-  """``tokens [B, T] -> logits [B, T, vocab_size]`` (float32)."""
-
-  def __init__(self, cfg: RecurrentFFNHybridConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    self.embed = embed(cfg.vocab_size, cfg.d_model, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
-    self.pos = positions(cfg.max_len, cfg.d_model, std=0.01, rngs=rngs)
-
-    @nnx.split_rngs(splits=cfg.n_layers)
-    @nnx.vmap(in_axes=(0,), out_axes=0)
-    def make_blocks(rngs: nnx.Rngs) -> HybridBlock:
-      return HybridBlock(cfg, rngs=rngs)
-
-    self.blocks = make_blocks(rngs)
-    self.ln_f = layer_norm(cfg.d_model, rngs=rngs)
-
-  def __call__(self, tokens_BT: jax.Array) -> jax.Array:
-    _, T = check_rank("tokens", tokens_BT, 2, "B, T")
-    if T > self.cfg.max_len:
-      raise ValueError(f"`tokens` has length {T} > max_len={self.cfg.max_len}.")
-    x = self.embed(tokens_BT) + self.pos[...][None, :T]
-
-    @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
-    def run(block, h):
-      return block(h)
-
-    h = run(self.blocks, x)
-    return self.embed.attend(self.ln_f(h)).astype(jnp.float32)
+__all__ = ["params_from_legacy", "recurrent_ffn_hybrid"]
