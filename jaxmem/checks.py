@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import jax.numpy as jnp
+
 
 def shape_of(x: Any) -> tuple[int, ...]:
   return tuple(getattr(x, "shape", ()))
@@ -31,6 +33,28 @@ def check_equal(what: str, **named: int) -> None:
   if len(values) > 1:
     seen = ", ".join(f"{k}={v}" for k, v in named.items())
     raise ValueError(f"mismatched {what}: {seen}.")
+
+
+def check_floating(**arrays: Any) -> None:
+  """Raises unless every named array (None skipped) has a floating dtype, e.g. ``check_floating(q=q, k=k)``.
+
+  Reads dtypes only, so it works on tracers inside ``jit`` as well as on concrete arrays. For the float
+  inputs of kernels, which would otherwise compute in, or round their outputs back to, an integer dtype.
+  """
+  for name, x in arrays.items():
+    if x is None:
+      continue
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+      try:
+        dtype = jnp.result_type(x)  # Python scalars
+      except TypeError:
+        raise ValueError(f"`{name}` must be a floating array, got a {type(x).__name__}.") from None
+    if not jnp.issubdtype(dtype, jnp.floating):
+      raise ValueError(
+          f"`{name}` must be floating, got dtype {dtype}; pass float32, bfloat16, ... "
+          f"(e.g. `{name}.astype(jnp.float32)`)."
+      )
 
 
 def check_positive_int(name: str, value: Any) -> int:

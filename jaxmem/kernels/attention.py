@@ -31,7 +31,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from jaxmem.checks import check_equal, check_finite_number, check_rank
+from jaxmem.checks import check_equal, check_finite_number, check_floating, check_rank
 from jaxmem.kernels.precision import Matmul, matmul_for
 
 # Large negative *finite* logit for masked slots: exp underflows to exactly 0 while a
@@ -65,8 +65,12 @@ def attention_head(
   return out_TE.astype(v_SE.dtype)
 
 
-def check_qkv(q, k, v, *, heads: str = "numbers of heads") -> tuple[int, int, int, int, int]:
-  """Validates ``q [B, T, H, D]``, ``k [B, S, H, D]``, ``v [B, S, H, E]``; returns (B, T, H, D, S)."""
+def check_qkv(q, k, v, *, heads: str = "numbers of heads",
+              floating: bool = False) -> tuple[int, int, int, int, int]:
+  """Validates ``q [B, T, H, D]``, ``k [B, S, H, D]``, ``v [B, S, H, E]``; returns (B, T, H, D, S).
+
+  ``floating=True`` also requires floating dtypes (:func:`jaxmem.checks.check_floating`), for kernels whose
+  output takes the dtype of ``v`` (an integer ``v`` would truncate the weighted average)."""
   B, T, H, D = check_rank("q", q, 4, "B, T, H, D")
   Bk, S, Hk, Dk = check_rank("k", k, 4, "B, S, H, D")
   Bv, Sv, Hv, _ = check_rank("v", v, 4, "B, S, H, E")
@@ -74,6 +78,8 @@ def check_qkv(q, k, v, *, heads: str = "numbers of heads") -> tuple[int, int, in
   check_equal(heads, q=H, k=Hk, v=Hv)
   check_equal("key widths", q=D, k=Dk)
   check_equal("key/value lengths", k=S, v=Sv)
+  if floating:
+    check_floating(q=q, k=k, v=v)
   return B, T, H, D, S
 
 
@@ -101,11 +107,11 @@ def softmax_attention(
     ``[B, T, H, E]`` in the dtype of ``v``.
 
   Raises:
-    ValueError: on wrong ranks, mismatched batch/heads/feature/length sizes, a causal
+    ValueError: on wrong ranks, non-floating dtypes, mismatched batch/heads/feature/length sizes, a causal
       call with ``S != T``, a non-finite ``scale``, or an unknown ``precision``.
   """
   dot = matmul_for(precision)
-  _, T, _, D, S = check_qkv(q, k, v)
+  _, T, _, D, S = check_qkv(q, k, v, floating=True)
   if causal and S != T:
     raise ValueError(
         f"causal attention needs equal query and key lengths, got q length {T} and "

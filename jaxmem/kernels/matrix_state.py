@@ -125,7 +125,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmem.arrays import device_array
-from jaxmem.checks import check_choice, check_equal, check_positive_int, check_rank, shape_of
+from jaxmem.checks import check_choice, check_equal, check_floating, check_positive_int, check_rank, shape_of
 from jaxmem.kernels.assoc import associative_memory, auto_forward_mode, log_of_decay
 from jaxmem.kernels.assoc.common import decay_mask
 from jaxmem.kernels.precision import Matmul, matmul_for
@@ -474,6 +474,7 @@ def matrix_state(
 
   Raises:
     ValueError: wrong ranks, mismatched batch / length / heads / state dims, ``T == 0``;
+      non-floating ``q``, ``k``, ``v``, ``d`` or ``initial_state``;
       unknown ``mode``, bad ``chunk_size`` or ``precision``; ``spectral_norm`` with
       ``mode="chunked"``; both or neither of ``rho`` / ``log_rho``, wrong shape, or (concrete)
       ``rho`` outside ``[0, 1]`` / ``log_rho > 0``; ``mix`` of the wrong shape or (concrete)
@@ -500,6 +501,7 @@ def matrix_state(
   if initial_state is not None and shape_of(initial_state) != (B, H, S, S):
     raise ValueError(f"`initial_state` must have shape [B, H, S, S] = {(B, H, S, S)}, "
                      f"got {shape_of(initial_state)}.")
+  check_floating(q=q, k=k, v=v, d=d, initial_state=initial_state)
 
   acc = _acc_dtype(q, k, v)
   if initial_state is not None:
@@ -554,6 +556,7 @@ def step(state, q_t, k_t, v_t, rho_t=None, *, log_rho_t=None, d_t=None, mix_t=No
   if d_t is not None and shape_of(d_t) != (B, H, S):
     raise ValueError(f"`d_t` must have shape [B, H, S] = {(B, H, S)}, got {shape_of(d_t)}.")
   _check_mix(mix_t, d_t, ("mix_t", "d_t"), ((H, 3), (B, H, 3)), ("H, 3", "B, H, 3"))
+  check_floating(state=state, q_t=q_t, k_t=k_t, v_t=v_t, d_t=d_t)
 
   acc = jnp.promote_types(_acc_dtype(q_t, k_t, v_t), state.dtype)
   q, k, v = (x.astype(acc) for x in (q_t, k_t, v_t))

@@ -60,7 +60,7 @@ def sdnc_head(q_TD, k_TD, v_TE, *, scale):
 
 
 def _check_qkv(q, k, v, same_length: bool) -> int:
-  _, T, _, D, S = check_qkv(q, k, v, heads="numbers of heads (read heads)")
+  _, T, _, D, S = check_qkv(q, k, v, heads="numbers of heads (read heads)", floating=True)
   if same_length and S != T:
     raise ValueError(f"the self-attention sDNC writes one slot per query: q length {T} != k length {S}.")
   return D
@@ -198,7 +198,7 @@ def hybrid_memory_head(q_TD, k_TD, v_TE, write_TL, erase_TL, modes_T3, *, scale)
 
 
 def _hybrid_apply(head_fn, q, k, v, write_gate, erase_gate, read_modes, scale):
-  B, T, H, D, _ = check_qkv(q, k, v, heads="numbers of heads (read heads)")
+  B, T, H, D, _ = check_qkv(q, k, v, heads="numbers of heads (read heads)", floating=True)
   if k.shape[1] != T:
     raise ValueError(f"the hybrid memory writes one slot per query: q length {T} != k length {k.shape[1]}.")
   for name, x, extra in (("write_gate", write_gate, ()), ("erase_gate", erase_gate, ()),

@@ -78,6 +78,7 @@ from jaxmem.checks import (
   check_choice,
   check_equal,
   check_finite_number,
+  check_floating,
   check_positive_int,
   check_rank,
   shape_of,
@@ -245,12 +246,6 @@ def _is_concrete(x) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
 
-def _check_float(name: str, x) -> None:
-  dtype = getattr(x, "dtype", None)
-  if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-    raise ValueError(f"`{name}` must be a floating-point array, got dtype {dtype}.")
-
-
 def _check_ids(name: str, ids, vocab_size: Optional[int]) -> None:
   dtype = getattr(ids, "dtype", None)
   if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
@@ -339,7 +334,7 @@ def read(state: SlotState, query_BD, *, top_k: int = 4, temperature: float = 8.0
   shape = check_rank("query_BD", query_BD, 2, "B, D")
   check_equal("batch sizes", query_BD=shape[0], state=B)
   check_equal("key widths", query_BD=shape[1], state=D)
-  _check_float("query_BD", query_BD)
+  check_floating(query_BD=query_BD)
   _, temperature = _check_options(top_k=top_k, n_slots=N, temperature=temperature)
   context_BV, w_BN = _read_jit(state, query_BD, top_k, temperature)
   return context_BV.astype(state.values.dtype), w_BN
@@ -369,8 +364,7 @@ def write(state: SlotState, key_BD, value_BV, id_B, *, gate_B=None, threshold: f
   check_equal("batch sizes", key_BD=kshape[0], value_BV=vshape[0], id_B=ishape[0], state=B)
   check_equal("key widths", key_BD=kshape[1], state=D)
   check_equal("value widths", value_BV=vshape[1], state=V)
-  _check_float("key_BD", key_BD)
-  _check_float("value_BV", value_BV)
+  check_floating(key_BD=key_BD, value_BV=value_BV)
   _check_ids("id_B", id_B, None)
   if gate_B is not None:
     _check_gate("gate_B", gate_B, (B,))
@@ -413,7 +407,7 @@ def pointer_logits(weights_BN, ids_BN, vocab_size: int):
     raise ValueError("`weights_BN` must have at least one axis [..., N], got a scalar.")
   if shape_of(ids_BN) != wshape:
     raise ValueError(f"`ids_BN` must have the shape of `weights_BN` {wshape}, got {shape_of(ids_BN)}.")
-  _check_float("weights_BN", weights_BN)
+  check_floating(weights_BN=weights_BN)
   dtype = getattr(ids_BN, "dtype", None)
   if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
     raise ValueError(f"`ids_BN` must hold integer token ids, got dtype {dtype}.")
@@ -472,8 +466,7 @@ def slot_memory(queries_BTD, keys_BTD, values_BTV, ids_BT, *, n_slots: int, top_
   V = vshape[2]
   if D == 0 or V == 0:
     raise ValueError(f"key and value widths must be positive, got D={D}, V={V}.")
-  for name, x in (("queries_BTD", queries_BTD), ("keys_BTD", keys_BTD), ("values_BTV", values_BTV)):
-    _check_float(name, x)
+  check_floating(queries_BTD=queries_BTD, keys_BTD=keys_BTD, values_BTV=values_BTV)
   threshold, temperature = _check_options(
       top_k=top_k, n_slots=n_slots, threshold=threshold, temperature=temperature)
   if vocab_size is not None:

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmem.arrays import device_array
-from jaxmem.checks import check_choice, check_positive_int, check_rank, shape_of
+from jaxmem.checks import check_choice, check_floating, check_positive_int, check_rank, shape_of
 from jaxmem.kernels import assoc
 from jaxmem.kernels.assoc import MODES, associative_memory
 from jaxmem.kernels.precision import Matmul, matmul_for
@@ -55,12 +55,6 @@ from jaxmem.kernels.precision import Matmul, matmul_for
 def _as_array(x):
   """Lists and Python numbers become arrays (None stays None)."""
   return x if x is None or isinstance(x, jax.Array) else device_array(x)
-
-
-def _check_floating(**named) -> None:
-  for name, x in named.items():
-    if x is not None and not jnp.issubdtype(jnp.result_type(x), jnp.floating):
-      raise ValueError(f"`{name}` must be floating, got dtype {jnp.result_type(x)}.")
 
 
 def _check_shape(name: str, x, want: tuple, layout: str) -> None:
@@ -186,7 +180,7 @@ def ssd(
     _check_shape("D", D, (H,), "H")
   if initial_state is not None:
     _check_shape("initial_state", initial_state, (nb, H, P, N), "batch, H, P, N")
-  _check_floating(x=x, dt=dt, A=A, B=B, C=C, D=D, initial_state=initial_state)
+  check_floating(x=x, dt=dt, A=A, B=B, C=C, D=D, initial_state=initial_state)
   _check_values(A, dt, "A", "dt")
   y, h = _forward(x, dt, A, B, C, D, initial_state, mode=mode, chunk_size=chunk_size, dot=dot)
   return (y, h) if return_state else y
@@ -248,7 +242,7 @@ def step(state, x_t, dt_t, A, B_t, C_t, D=None, *, precision: Any = "highest"):
   if D is not None:
     check_rank("D", D, 1, "H")
     _check_shape("D", D, (H,), "H")
-  _check_floating(state=state, x_t=x_t, dt_t=dt_t, A=A, B_t=B_t, C_t=C_t, D=D)
+  check_floating(state=state, x_t=x_t, dt_t=dt_t, A=A, B_t=B_t, C_t=C_t, D=D)
   _check_values(A, dt_t, "A", "dt_t")
   return _step(state, x_t, dt_t, A, B_t, C_t, D, dot=dot)
 

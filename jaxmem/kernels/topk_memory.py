@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxmem.checks import check_equal, check_finite_number, check_positive_int, check_rank
+from jaxmem.checks import check_equal, check_finite_number, check_floating, check_positive_int, check_rank
 from jaxmem.kernels.assoc import l2_normalize
 from jaxmem.kernels.precision import matmul_for
 
@@ -53,6 +53,7 @@ def topk_memory_read(q: jax.Array, k: jax.Array, v: jax.Array, *, top_k: int = 8
   check_equal("lengths", q=T, k=Tk, v=Tv)
   check_equal("numbers of heads", q=H, k=Hk, v=Hv)
   check_equal("key widths", q=D, k=Dk)
+  check_floating(q=q, k=k, v=v)
   top_k = check_positive_int("top_k", top_k)
   tau = check_finite_number("temperature", temperature, positive=True)
   if T == 0:

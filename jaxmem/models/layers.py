@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence
 
 import jax
+import numpy as np
 from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_embed_init, default_kernel_init
 
@@ -49,6 +50,25 @@ def positions(max_len: int, d_model: int, *, std: float, rngs: nnx.Rngs) -> nnx.
   """Learned absolute positions ``[max_len, d_model]``, ``N(0, std²)``, axes ``("length", "embed")`` (so never
   weight-decayed)."""
   return param(nnx.initializers.normal(std)(rngs.params(), (max_len, d_model)), ("length", "embed"))
+
+
+def token_ids(tokens_BT, vocab_size: int) -> jax.Array:
+  """``tokens`` checked as ids of a ``vocab_size`` vocabulary, for an embedding lookup.
+
+  Integer dtype required (``ValueError`` otherwise). Concrete ids outside ``[0, vocab_size)`` raise a
+  ``ValueError`` naming a few of them. Under ``jit`` the values cannot be checked: out-of-range ids are
+  clipped into range (``jnp.clip``; a lookup past the table would otherwise give NaN embeddings, and NaN
+  logits then stop training with no hint of the cause), so validate ids before jitting."""
+  tokens_BT = tokens_BT if isinstance(tokens_BT, jax.Array) else jax.numpy.asarray(tokens_BT)
+  if not jax.numpy.issubdtype(tokens_BT.dtype, jax.numpy.integer):
+    raise ValueError(f"`tokens` must be integer token ids, got dtype {tokens_BT.dtype}.")
+  if not isinstance(tokens_BT, jax.core.Tracer):
+    t = np.asarray(tokens_BT)
+    bad = t[(t < 0) | (t >= vocab_size)]
+    if bad.size:
+      raise ValueError(f"`tokens` must lie in [0, vocab_size={vocab_size}), got ids such as "
+                       f"{bad.ravel()[:3].tolist()}.")
+  return jax.numpy.clip(tokens_BT, 0, vocab_size - 1)
 
 
 def constant(value) -> Callable:

@@ -22,7 +22,7 @@ from flax import nnx
 
 from jaxmem.checks import check_config_ints, check_rank
 from jaxmem.models import mixers
-from jaxmem.models.layers import embed, layer_norm, linear, positions
+from jaxmem.models.layers import embed, layer_norm, linear, positions, token_ids
 from jaxmem.models.mixers import MixerConfig, SoftmaxConfig
 from jaxmem.models.remat import check_remat_policy
 from jaxmem.models.remat import policy as remat_policy
@@ -208,6 +208,7 @@ class TransformerLM(nnx.Module):
         raise ValueError(f"`inputs` has {tokens_BT.shape[-1]} channels, input_dim={self.cfg.input_dim}.")
     else:
       check_rank("tokens", tokens_BT, 2, "B, T")
+      tokens_BT = token_ids(tokens_BT, self.cfg.vocab_size)
     T = tokens_BT.shape[1]
     if self.cfg.positions == "learned" and T > self.cfg.max_len:
       raise ValueError(f"`tokens` has length {T} > max_len={self.cfg.max_len}.")

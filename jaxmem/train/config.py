@@ -32,6 +32,8 @@ class TrainConfig:
     log_every: write a metrics row every this many steps.
     model_axis: size of the mesh's ``model`` axis (heads and FFN hidden units are split over it;
       :mod:`jaxmem.sharding`); the ``data`` axis takes the remaining devices. 1: data parallel only.
+    tensorboard: also write the metrics rows' scalars (loss, lr, tokens/s, eval metrics) as TensorBoard
+      events to ``workdir/tb`` (needs ``tensorboardX``: ``pip install 'jaxmem[tensorboard]'``).
   """
 
   n_steps: int = 1000
@@ -48,6 +50,7 @@ class TrainConfig:
   eval_every: int = 0
   log_every: int = 10
   model_axis: int = 1
+  tensorboard: bool = False
 
   def __post_init__(self):
     o = "TrainConfig"
@@ -59,6 +62,8 @@ class TrainConfig:
     _finite(o, "b1", self.b1, 0.0, 1.0)
     _finite(o, "b2", self.b2, 0.0, 1.0)
     _finite(o, "grad_clip", self.grad_clip, 0.0)
+    if not isinstance(self.tensorboard, bool):
+      raise ValueError(f"TrainConfig.tensorboard must be True or False, got {self.tensorboard!r}.")
     if self.warmup_steps > self.n_steps:
       raise ValueError(
           f"TrainConfig.warmup_steps={self.warmup_steps} exceeds n_steps={self.n_steps}."

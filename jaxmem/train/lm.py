@@ -77,6 +77,23 @@ def lm_config_from(cfg) -> LMConfig:
   return config_files.to_dataclass(LMConfig, cfg)
 
 
+def config_diff(old, new, path: str = "") -> list:
+  """The leaves where two config dicts differ, as ``"path: old → new"`` (``<missing>`` for an absent key)."""
+  if isinstance(old, dict) and isinstance(new, dict):
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+      sub = f"{path}.{key}" if path else str(key)
+      out += config_diff(old.get(key, _MISSING), new.get(key, _MISSING), sub)
+    return out
+  if old == new:
+    return []
+  show = lambda v: "<missing>" if v is _MISSING else repr(v)
+  return [f"{path or '<root>'}: {show(old)} → {show(new)}"]
+
+
+_MISSING = object()
+
+
 def _check_saved_config(workdir: pathlib.Path, cfg: LMConfig) -> None:
   """The run in ``workdir`` (if any) must have this model and data config; then writes config.json.
   Every process checks; after all agree on the config, process 0 writes."""
@@ -85,12 +102,12 @@ def _check_saved_config(workdir: pathlib.Path, cfg: LMConfig) -> None:
   distributed.check_same_config(new, "LM config")
   if path.exists():
     old = json.loads(path.read_text())
-    for section in ("model", "data"):
-      if old.get(section) != new[section]:
-        raise ValueError(
-            f"`workdir` {str(workdir)!r} holds a run with a different {section} config "
-            f"({old.get(section)} vs {new[section]}); use a new workdir."
-        )
+    diffs = {s: config_diff(old.get(s), new[s]) for s in ("model", "data")}
+    diffs = {s: d for s, d in diffs.items() if d}
+    if diffs:
+      listed = "; ".join(f"{s}.{d}" for s, ds in diffs.items() for d in ds)
+      raise ValueError(f"`workdir` {str(workdir)!r} holds a run with a different {' and '.join(diffs)} config "
+                       f"(saved → now: {listed}); use a new workdir.")
   distributed.barrier("jaxmem-config-checked")  # nobody reads config.json while process 0 writes it
   if distributed.is_main():
     path.write_text(json.dumps(new, indent=2))

@@ -8,8 +8,10 @@
   the same ones; any other state is held constant);
 * ``task.loss_fn(model, batch)`` -> ``(scalar loss, dict of scalar metrics)``;
 * ``task.train_iter``: an iterator of numpy batches with ``get_state``/``set_state``
-  (e.g. :class:`jaxmem.data.RandomWindows`); in a multi-process run it yields this process's
-  rows of each global batch and has a ``process_count`` attribute saying so;
+  (e.g. :class:`jaxmem.data.RandomWindows`, :class:`jaxmem.data.KeyedBatches`; anything else,
+  a plain generator included, is refused at start: :func:`check_train_iter`); in a multi-process
+  run it yields this process's rows of each global batch and has a ``process_count`` attribute
+  saying so;
 * optionally ``task.evaluate(model, step)`` -> dict of host metrics (e.g. val bpb).
 
 What the loop guarantees (each is a test in tests/train/):
@@ -32,7 +34,12 @@ What the loop guarantees (each is a test in tests/train/):
   :class:`NonFiniteLossError` before that state is ever saved; the last good checkpoint
   is kept.
 * Metrics go to ``workdir/metrics.jsonl`` (rows after the restored step are dropped on
-  resume, so the file never holds two histories); a tqdm bar shows steps/s and ETA.
+  resume, so the file never holds two histories); a tqdm bar shows steps/s and ETA. Each
+  training row also holds ``lr``, the rate of the update that produced its step (the schedule
+  of :func:`make_schedule` at update ``step - 1``, evaluated on the host), and ``tokens_per_s``,
+  the global batches' tokens (:func:`batch_tokens`) since the previous row over the wall time
+  since then (a call's first row includes compilation). With ``cfg.tensorboard`` the rows'
+  scalars also go to ``workdir/tb`` as TensorBoard events (``tensorboardX``).
 * The loss sees the module in train mode (``.train()``: dropout on), ``task.evaluate`` and
   the returned model see a copy in eval mode (``.eval()``: dropout off).
 
@@ -47,6 +54,7 @@ import dataclasses
 import functools
 import json
 import math
+import numbers
 import os
 import pathlib
 import threading
@@ -119,12 +127,29 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
   return _optimizer(*(getattr(cfg, f) for f in OPTIMIZER_FIELDS))
 
 
+def make_schedule(cfg: TrainConfig) -> optax.Schedule:
+  """The learning-rate schedule of :func:`make_optimizer`: optimizer update count -> lr (the update that
+  produces step ``s`` uses ``schedule(s - 1)``). The very object the optimizer holds."""
+  return _schedule(cfg.lr, cfg.warmup_steps, cfg.n_steps, cfg.min_lr_ratio)
+
+
 @functools.lru_cache(maxsize=64)
-def _optimizer(lr, warmup_steps, n_steps, min_lr_ratio, grad_clip, b1, b2, weight_decay):
-  schedule = optax.warmup_cosine_decay_schedule(
+def _schedule(lr, warmup_steps, n_steps, min_lr_ratio):
+  return optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=lr, warmup_steps=warmup_steps,
       decay_steps=n_steps, end_value=lr * min_lr_ratio,
   )
+
+
+def _host_value(schedule: optax.Schedule, count: int) -> float:
+  """``schedule(count)`` computed on this host's CPU (never queued behind a train step on an accelerator)."""
+  with jax.default_device(jax.local_devices(backend="cpu")[0]):
+    return float(schedule(count))
+
+
+@functools.lru_cache(maxsize=64)
+def _optimizer(lr, warmup_steps, n_steps, min_lr_ratio, grad_clip, b1, b2, weight_decay):
+  schedule = _schedule(lr, warmup_steps, n_steps, min_lr_ratio)
   parts = []
   if grad_clip > 0:
     parts.append(optax.clip_by_global_norm(grad_clip))
@@ -191,10 +216,11 @@ def compiled_train_step(graphdef, loss_fn, tx, state_sharding, data_sharding, re
 
 
 class _MetricsLog:
-  """JSON-lines metrics; on resume, drops rows past the restored step."""
+  """JSON-lines metrics; on resume, drops rows past the restored step. ``tb``: a TensorBoard writer that
+  also gets each row's numbers (but its step and time) as scalars."""
 
-  def __init__(self, path: pathlib.Path, resume_step: int, *, writes: bool = True):
-    self.path, self.writes = path, writes
+  def __init__(self, path: pathlib.Path, resume_step: int, *, writes: bool = True, tb: Any = None):
+    self.path, self.writes, self.tb = path, writes, tb
     # other processes never read the file process 0 is rewriting: their history starts empty
     rows = read_metrics(path) if writes and path.exists() else []
     kept = [r for r in rows if r.get("step", 0) <= resume_step]
@@ -210,6 +236,10 @@ class _MetricsLog:
       return
     with open(self.path, "a") as f:
       f.write(json.dumps(row) + "\n")
+    if self.tb is not None:
+      for k, v in row.items():
+        if k not in ("step", "time_s") and isinstance(v, numbers.Real) and not isinstance(v, bool):
+          self.tb.add_scalar(k, v, row["step"])
 
 
 def _check_rows_are_this_process_block(data_sharding, rows: int, proc: int, n_proc: int) -> None:
@@ -260,6 +290,42 @@ def _to_host(metrics: dict) -> dict:
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
+def check_train_iter(train_iter: Any) -> None:
+  """Raises a ValueError unless ``train_iter`` has what :func:`train` uses: ``next()`` for batches,
+  ``get_state()`` to checkpoint its position and ``set_state()`` to restore it on resume."""
+  missing = [m for m in ("__next__", "get_state", "set_state") if not callable(getattr(train_iter, m, None))]
+  if missing:
+    raise ValueError(
+        f"`task.train_iter` ({type(train_iter).__name__}) lacks {', '.join(missing)}: train() draws each batch "
+        "with next(), saves the iterator's position with get_state() in every checkpoint and restores it with "
+        "set_state() on resume. Use jaxmem.data.RandomWindows (random windows of a token stream) or "
+        "jaxmem.data.KeyedBatches (a pure fn(key, **kwargs) -> NamedTuple of arrays), or give your iterator "
+        "__next__, get_state() -> dict and set_state(dict).")
+
+
+def batch_tokens(batch: dict) -> int:
+  """The tokens in a batch: rows × time of its ``inputs`` (``[B, T, ...]``); one per row when it has no
+  ``inputs`` with a time axis (rows: the leading size of ``inputs``, else of the batch's first array)."""
+  x = batch.get("inputs")
+  if x is None:
+    x = next(iter(batch.values()), None)
+  elif np.ndim(x) >= 2:
+    return int(np.shape(x)[0]) * int(np.shape(x)[1])
+  shape = np.shape(x) if x is not None else ()
+  return int(shape[0]) if shape else 1
+
+
+def _tensorboard_writer_class() -> Any:
+  try:
+    from tensorboardX import SummaryWriter
+  except ImportError:
+    raise ValueError(
+        "TrainConfig.tensorboard=True needs the tensorboardX package, which is not installed: "
+        "pip install 'jaxmem[tensorboard]' (or set tensorboard=False)."
+    ) from None
+  return SummaryWriter
+
+
 def _pause(step: int, ckpt: Checkpointer) -> None:
   """``JAXMEM_TEST_PAUSE_AT_STEP``: commits the checkpoints, says so on stdout and blocks until killed."""
   ckpt.wait()
@@ -286,6 +352,8 @@ def train(
       the ``model`` axis, the rest the ``data`` axis.
   """
   t0 = time.perf_counter()
+  check_train_iter(task.train_iter)
+  tb_writer = _tensorboard_writer_class() if cfg.tensorboard else None
   distributed.check_same_config(dataclasses.asdict(cfg), "train config")
   workdir = prepare_workdir(workdir)
   mesh = make_mesh(devices, cfg.model_axis)
@@ -322,7 +390,12 @@ def train(
     state, meta = ckpt.restore(resumed_from, state)
     task.train_iter.set_state(meta["data"])
   start = int(jax.device_get(state["step"]))
-  log = _MetricsLog(workdir / "metrics.jsonl", start, writes=main)
+  tb = None
+  if tb_writer is not None and main:
+    # a resumed run drops the events after its restored step, as the metrics file drops the rows
+    tb = tb_writer(str(workdir / "tb"), **({"purge_step": start + 1} if start else {}))
+  log = _MetricsLog(workdir / "metrics.jsonl", start, writes=main, tb=tb)
+  schedule = make_schedule(cfg)
 
   jitted = compiled_train_step(graphdef, task.loss_fn, tx, state_sharding, data_sharding, replicated)
 
@@ -367,34 +440,45 @@ def train(
                desc=pathlib.Path(workdir).name)
 
   last: dict = {}
+  since_log = {"tokens": 0, "t": 0.0}   # tokens fed since the last metrics row, and its time
 
-  def consume(step_done: int, metrics: Any) -> None:
-    """Checks and logs the metrics of the update that produced step ``step_done``."""
+  def consume(step_done: int, metrics: Any, tokens: int) -> None:
+    """Checks and logs the metrics of the update that produced step ``step_done`` (on ``tokens`` tokens)."""
     host = _to_host(metrics)
     if not (math.isfinite(host["loss"]) and math.isfinite(host["grad_norm"])):
       ckpt.wait()
       good = ckpt.latest_step()
       if bar is not None:
         bar.close()
+      kept = (f"no checkpoint exists yet in {ckpt.directory}, so a rerun starts from scratch" if good is None
+              else f"the last good checkpoint is step {good} in {ckpt.directory}, which a rerun resumes from")
       raise NonFiniteLossError(
           f"non-finite training metrics at step {step_done}: loss={host['loss']}, "
-          f"grad_norm={host['grad_norm']}. Stopped without saving this state; the last good "
-          f"checkpoint is step {good} in {ckpt.directory} "
-          f"({'none saved yet' if good is None else 'rerun resumes from it'}). "
-          "Try a lower lr, a longer warmup or grad_clip > 0."
+          f"grad_norm={host['grad_norm']}. Stopped without saving this state; {kept}. "
+          "Try a lower lr, a longer warmup or grad_clip > 0, and check the inputs (e.g. token ids within "
+          "the model's vocab_size, no NaN in the batches)."
       )
     last.update(host)
+    since_log["tokens"] += tokens
     if step_done % cfg.log_every == 0 or step_done == end:
-      log.write({"step": step_done, **host, "time_s": round(time.perf_counter() - t0, 3)})
+      now = time.perf_counter()
+      log.write({"step": step_done, **host, "lr": _host_value(schedule, step_done - 1),
+                 "tokens_per_s": since_log["tokens"] / max(now - since_log["t"], 1e-9),
+                 "time_s": round(now - t0, 3)})
+      since_log.update(tokens=0, t=now)
     if bar is not None:
       bar.update(1)
       if step_done % cfg.log_every == 0:
         bar.set_postfix(loss=f"{host['loss']:.4f}", refresh=False)
 
   pending = None
+  _host_value(schedule, start)   # its first evaluation compiles small CPU ops: not inside a timed interval
+  since_log["t"] = time.perf_counter()
   try:
     for s in range(start, end):
-      batch = put_batch(next(task.train_iter))
+      host_batch = next(task.train_iter)
+      tokens = batch_tokens(host_batch) * n_proc   # the global batch's
+      batch = put_batch(host_batch)
       state, metrics = step_fn(state, batch)
       if pending is not None:
         consume(*pending)
@@ -404,7 +488,7 @@ def train(
           (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.n_steps)
       do_save = done % cfg.ckpt_every == 0 or done == end
       if do_eval or do_save:
-        consume(done, metrics)  # synchronous: never save or report an unchecked state
+        consume(done, metrics, tokens)  # synchronous: never save or report an unchecked state
         if do_eval:
           row = {"step": done, **task.evaluate(current_model(), done)}
           log.write(row)
@@ -415,7 +499,7 @@ def train(
         if do_save:
           ckpt.save(done, state, {"data": task.train_iter.get_state(), "step": done})
       else:
-        pending = (done, metrics)
+        pending = (done, metrics, tokens)
       if done == pause_at:
         if pending is not None:
           consume(*pending)
@@ -427,6 +511,8 @@ def train(
     ckpt.close()
     if bar is not None:
       bar.close()
+    if tb is not None:
+      tb.close()
 
   final_step = int(jax.device_get(state["step"]))
   return TrainResult(

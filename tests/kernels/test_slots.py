@@ -520,7 +520,7 @@ def test_bad_input_raises():
       (dict(ids_BT=x.astype(np.float32)), "`ids_BT` must hold integer"),
       (with_id(-2), "`ids_BT` must be non-negative"),
       (with_id(7, vocab_size=7), r"`ids_BT` must lie in \[0, vocab_size=7\)"),
-      (dict(queries_BTD=q.astype(np.int32)), "`queries_BTD` must be a floating-point"),
+      (dict(queries_BTD=q.astype(np.int32)), "`queries_BTD` must be floating"),
       (dict(n_slots=0), "`n_slots` must be a positive integer"),
       (dict(write_gate_BT=np.full((2, 5), 5.0, np.float32)), r"`write_gate_BT` must lie in \[0, 1\]"),
       (dict(top_k=0), "`top_k` must be a positive integer"),

@@ -174,3 +174,18 @@ def test_the_ffn_slot_holds_the_mlp_another_mixer_or_nothing():
   assert mem.cfg.state_floats(8) == mlp.cfg.state_floats(8) + 2 * 2 * 4 * 4
   with pytest.raises(ValueError, match="TransformerConfig.ffn must be 'mlp', None or a mixer config"):
     TransformerConfig(**base, ffn="gelu")
+
+
+def test_token_ids_outside_the_vocabulary_raise_eagerly_and_are_clipped_under_jit(tiny):
+  model = tiny
+  V = model.cfg.vocab_size
+  bad = jnp.array([[0, V, 3], [-1, 2, 1]])
+  msg = rf"`tokens` must lie in \[0, vocab_size={V}\), got ids such as \[{V}, -1\]"
+  with pytest.raises(ValueError, match=msg):
+    model(bad)
+  with pytest.raises(ValueError, match="`tokens` must be integer token ids, got dtype float32"):
+    model(bad.astype(jnp.float32))
+  # under jit the values cannot be checked: no NaN, the logits of the ids clipped into range
+  got = np.asarray(forward(model, bad))
+  assert np.isfinite(got).all()
+  np.testing.assert_array_equal(got, np.asarray(forward(model, jnp.clip(bad, 0, V - 1))))

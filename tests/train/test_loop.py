@@ -169,8 +169,19 @@ def test_workdir_of_a_different_model_is_refused(synthetic_data_dir, tmp_path):
            tmp_path / "w", progress=False)
   other = tiny_lm_config("--config.model.d_model=32", "--config.train.n_steps=2",
                          "--config.train.warmup_steps=0")
-  with pytest.raises(ValueError, match="different model config"):
+  # only the differing field is listed (the saved and the new value), not the two whole configs
+  with pytest.raises(ValueError, match=r"different model config \(saved → now: model\.d_model: 16 → 32\)") as e:
     train_lm(other, tmp_path / "w", progress=False)
+  assert "vocab_size" not in str(e.value)
+
+
+def test_config_diff_lists_nested_and_missing_fields():
+  from jaxmem.train.lm import config_diff
+  old = {"a": 1, "m": {"name": "assoc", "rule": "delta"}, "gone": 2}
+  new = {"a": 1, "m": {"name": "assoc", "rule": "hebb"}, "added": [1, 2]}
+  assert config_diff(old, new) == ["added: <missing> → [1, 2]", "gone: 2 → <missing>",
+                                   "m.rule: 'delta' → 'hebb'"]
+  assert config_diff(old, old) == []
 
 
 def test_config_json_is_written(synthetic_data_dir, tmp_path):

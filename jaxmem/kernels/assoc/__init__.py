@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmem.arrays import device_array
-from jaxmem.checks import check_choice, check_equal, check_positive_int, check_rank, shape_of
+from jaxmem.checks import check_choice, check_equal, check_floating, check_positive_int, check_rank, shape_of
 from jaxmem.kernels.assoc.chunked import chunked, chunked_head, unit_lower_inverse
 from jaxmem.kernels.assoc.common import DECAY_RULES, ERASE_RULES, MODES, RULES, acc_dtype
 from jaxmem.kernels.assoc.parallel import parallel_head
@@ -310,7 +310,8 @@ def associative_memory(
     dtype of ``initial_state``, else float32 — float64 for float64 inputs).
 
   Raises:
-    ValueError: wrong ranks or mismatched batch/length/heads/key widths; bad ``rule``,
+    ValueError: wrong ranks or mismatched batch/length/heads/key widths; non-floating
+      ``q``, ``k``, ``v`` or ``initial_state``; bad ``rule``,
       ``mode``, ``chunk_size``, ``precision``; ``parallel`` with ``oja``; ``decay`` /
       ``log_decay`` missing, both given, given for a rule without decay, of the wrong
       shape, or (when concrete) out of range; ``beta``/``initial_state`` of the wrong
@@ -345,6 +346,7 @@ def associative_memory(
       raise ValueError(
           f"`initial_state` must have shape [B, H, D_v, D_k] = {(B, H, Dv, Dk)}, got {s}."
       )
+  check_floating(q=q, k=k, v=v, initial_state=initial_state)
   _check_stability(rule, beta, k, v, normalize_keys)
 
   S0 = None if initial_state is None else _as_array(initial_state)
@@ -388,6 +390,7 @@ def step(state, q_t, k_t, v_t, beta_t=None, decay_t=None, *, rule: str, log_deca
   check_equal("numbers of heads", state=H, q_t=Hq, k_t=Hk, v_t=Hv)
   check_equal("key widths", state=Dk, q_t=Dq, k_t=Dkk)
   check_equal("value widths", state=Dv, v_t=Dvv)
+  check_floating(state=state, q_t=q_t, k_t=k_t, v_t=v_t)
   beta_t, decay_t, log_decay_t = _as_array(beta_t), _as_array(decay_t), _as_array(log_decay_t)
   if beta_t is not None:
     _check_shape("beta_t", beta_t, (B, H), "B, H")

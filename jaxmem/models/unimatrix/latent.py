@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxmem.checks import check_config_ints, check_rank
-from jaxmem.models.layers import embed, layer_norm, linear
+from jaxmem.models.layers import embed, layer_norm, linear, token_ids
 from jaxmem.models.mixers.matrix_state import MatrixStateConfig, MatrixStateMixer
 from jaxmem.sharding import param
 
@@ -165,7 +165,7 @@ class TripleLatentLM(nnx.Module):
     _, T = check_rank("tokens", tokens_BT, 2, "B, T")
     if T > self.cfg.max_len:
       raise ValueError(f"`tokens` has length {T} > max_len={self.cfg.max_len}.")
-    e = self.embed(tokens_BT)
+    e = self.embed(token_ids(tokens_BT, self.cfg.vocab_size))
     e1 = jnp.pad(e[:, :-1], ((0, 0), (1, 0), (0, 0)))
     e2 = jnp.pad(e[:, :-2], ((0, 0), (2, 0), (0, 0)))
     h = e + jax.nn.gelu(self.triple(jnp.concatenate([e2, e1, e], axis=-1)))

@@ -38,13 +38,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from jaxmem.checks import check_rank
 from jaxmem.kernels import rosa as rosa_kernel
 from jaxmem.kernels import slots as slot_kernel
-from jaxmem.models.layers import embed, layer_norm, linear, positions
+from jaxmem.models.layers import embed, layer_norm, linear, positions, token_ids
 from jaxmem.models.mixers.matrix_state import MatrixStateConfig, MatrixStateMixer
 from jaxmem.models.mixers.topk_memory import TopKMemory, TopKMemoryConfig
 from jaxmem.models.remat import policy as remat_policy
@@ -208,15 +207,8 @@ class UniMatrixLM(nnx.Module):
 
   def __call__(self, tokens_BT: jax.Array, *, return_aux: bool = False):
     B, T = check_rank("tokens", tokens_BT, 2, "B, T")
-    tokens_BT = jnp.asarray(tokens_BT) if not isinstance(tokens_BT, jax.Array) else tokens_BT
-    if not jnp.issubdtype(tokens_BT.dtype, jnp.integer):
-      raise ValueError(f"`tokens` must be integer token ids, got dtype {tokens_BT.dtype}.")
+    tokens_BT = token_ids(tokens_BT, self.cfg.vocab_size)
     self._check_length(T)
-    if not isinstance(tokens_BT, jax.core.Tracer):
-      t = np.asarray(tokens_BT)
-      if t.size and (t.min() < 0 or t.max() >= self.cfg.vocab_size):
-        bad = t[(t < 0) | (t >= self.cfg.vocab_size)].ravel()[:3].tolist()
-        raise ValueError(f"`tokens` must lie in [0, vocab_size={self.cfg.vocab_size}), got ids such as {bad}.")
     return self._forward(_Inputs(tokens_BT), return_aux)
 
   def apply_onehot(self, onehot_BTV: jax.Array, *, return_aux: bool = False):
