@@ -5,9 +5,10 @@ lives in ``jaxmem/kernels/``."""
 
 from jaxmem.models import mixers
 from jaxmem.models.dnc import DNC, DNCConfig
+from jaxmem.models.layers import count_params
 from jaxmem.models.mixers import AssocConfig, MixerConfig, SDNCConfig, SDNCHybridConfig, SoftmaxConfig
 from jaxmem.models.sdnc import EncoderDecoderConfig, SDNCEncoderDecoder, SDNCTransformer, copy_params
-from jaxmem.models.transformer import TransformerConfig, TransformerLM, count_params
+from jaxmem.models.transformer import TransformerConfig, TransformerLM
 from jaxmem.models.unimatrix import (
     TripleLatentLM,
     TypedLatentCompressor,

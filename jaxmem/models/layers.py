@@ -52,6 +52,24 @@ def positions(max_len: int, d_model: int, *, std: float, rngs: nnx.Rngs) -> nnx.
   return param(nnx.initializers.normal(std)(rngs.params(), (max_len, d_model)), ("length", "embed"))
 
 
+class FeedForward(nnx.Module):
+  """The position-wise MLP ``W_2 GELU(W_1 x + b_1) + b_2`` (hidden width ``d_ff``, axes ``"ffn"``), ``W_2``
+  initialised ``N(0, 0.02²/(2·n_layers))`` (GPT-2's residual scaling), ``W_1`` as ``nnx.Linear``."""
+
+  def __init__(self, d_model: int, d_ff: int, *, n_layers: int, dtype=None, rngs: nnx.Rngs):
+    self.up = linear(d_model, d_ff, ("embed", "ffn"), dtype=dtype, rngs=rngs)
+    self.down = linear(d_ff, d_model, ("ffn", "embed"), dtype=dtype, rngs=rngs,
+                       kernel_init=nnx.initializers.normal(0.02 / (2 * n_layers) ** 0.5))
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.down(jax.nn.gelu(self.up(x)))
+
+
+def count_params(model: nnx.Module) -> int:
+  """The number of parameter floats (``nnx.Param`` leaves) of ``model``."""
+  return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
 def token_ids(tokens_BT, vocab_size: int) -> jax.Array:
   """``tokens`` checked as ids of a ``vocab_size`` vocabulary, for an embedding lookup.
 

@@ -23,9 +23,9 @@ from flax import nnx
 from jaxmem.checks import check_config_ints
 from jaxmem.kernels.attention import softmax_attention
 from jaxmem.kernels.sdnc import sdnc_cross_attention
-from jaxmem.models.layers import embed, layer_norm, linear, positions
+from jaxmem.models.layers import FeedForward, embed, layer_norm, linear, positions
 from jaxmem.models.mixers import SDNCConfig, SoftmaxConfig
-from jaxmem.models.transformer import Block, FeedForward, TransformerConfig, TransformerLM
+from jaxmem.models.transformer import Block, TransformerConfig, TransformerLM
 
 
 class SDNCTransformer(TransformerLM):
@@ -69,7 +69,7 @@ class EncoderBlock(nnx.Module):
     self.ln1 = layer_norm(cfg.d_model, rngs=rngs)
     self.attn = CrossMemoryRead(cfg, rngs=rngs)
     self.ln2 = layer_norm(cfg.d_model, rngs=rngs)
-    self.ffn = FeedForward(cfg, rngs=rngs)
+    self.ffn = FeedForward(cfg.d_model, cfg.d_ff, n_layers=cfg.n_layers, dtype=jnp.dtype(cfg.dtype), rngs=rngs)
 
   def __call__(self, x):
     h = self.ln1(x)

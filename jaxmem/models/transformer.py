@@ -22,7 +22,7 @@ from flax import nnx
 
 from jaxmem.checks import check_config_ints, check_rank
 from jaxmem.models import mixers
-from jaxmem.models.layers import embed, layer_norm, linear, positions, token_ids
+from jaxmem.models.layers import FeedForward, embed, layer_norm, linear, positions, token_ids
 from jaxmem.models.mixers import MixerConfig, SoftmaxConfig
 from jaxmem.models.remat import check_remat_policy
 from jaxmem.models.remat import policy as remat_policy
@@ -130,17 +130,6 @@ class TransformerConfig:
     return sum(size(self.layer_mixer(i)) + ffn for i in range(self.n_layers))
 
 
-class FeedForward(nnx.Module):
-  def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
-    dt = jnp.dtype(cfg.dtype)
-    self.up = linear(cfg.d_model, cfg.d_ff, ("embed", "ffn"), dtype=dt, rngs=rngs)
-    self.down = linear(cfg.d_ff, cfg.d_model, ("ffn", "embed"), dtype=dt, rngs=rngs,
-                       kernel_init=nnx.initializers.normal(0.02 / (2 * cfg.n_layers) ** 0.5))
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    return self.down(jax.nn.gelu(self.up(x)))
-
-
 class Block(nnx.Module):
   """Pre-LN block: ``x + Mixer(LN(x))`` then ``x + FFN(LN(x))``; ``mixer_cfg`` picks the mixer (held as
   ``self.attn``), ``cfg.ffn`` the second slot (the MLP, another mixer, or nothing)."""
@@ -157,7 +146,8 @@ class Block(nnx.Module):
       self.ln2, self.ffn = nnx.data(None), nnx.data(None)
     else:
       self.ln2 = layer_norm(cfg.d_model, dtype=dt, rngs=rngs)
-      self.ffn = FeedForward(cfg, rngs=rngs) if cfg.ffn == "mlp" else mixers.build(
+      self.ffn = FeedForward(cfg.d_model, cfg.d_ff, n_layers=cfg.n_layers, dtype=dt, rngs=rngs) \
+          if cfg.ffn == "mlp" else mixers.build(
           cfg.ffn, d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers, dtype=cfg.dtype, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -259,7 +249,3 @@ def sinusoidal_positions(length: int, dim: int) -> jax.Array:
   i = jnp.arange((dim + 1) // 2, dtype=jnp.float32)[None, :]
   angles = pos / jnp.power(10000.0, 2.0 * i / dim)
   return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)[:, :dim]
-
-
-def count_params(model: nnx.Module) -> int:
-  return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

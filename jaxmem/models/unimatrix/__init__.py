@@ -17,10 +17,10 @@ from jaxmem.models.unimatrix.latent import (
     TypedLatentCompressor,
     TypedLatentConfig,
 )
-from jaxmem.models.unimatrix.model import UniMatrixBlock, UniMatrixLM, count_params, param_breakdown
+from jaxmem.models.unimatrix.model import UniMatrixBlock, UniMatrixLM, param_breakdown
 
 __all__ = [
     "PRESETS", "ROSA_SOURCES", "VARIANTS", "TripleLatentConfig",
     "TripleLatentLM", "TypedLatentCompressor", "TypedLatentConfig", "UniMatrixBlock", "UniMatrixConfig",
-    "UniMatrixLM", "count_params", "param_breakdown", "recurrent_ffn_hybrid",
+    "UniMatrixLM", "param_breakdown", "recurrent_ffn_hybrid",
 ]

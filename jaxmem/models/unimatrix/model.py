@@ -43,26 +43,15 @@ from flax import nnx
 from jaxmem.checks import check_rank
 from jaxmem.kernels import rosa as rosa_kernel
 from jaxmem.kernels import slots as slot_kernel
-from jaxmem.models.layers import embed, layer_norm, linear, positions, token_ids
-from jaxmem.models.mixers.matrix_state import MatrixStateConfig, MatrixStateMixer
-from jaxmem.models.mixers.topk_memory import TopKMemory, TopKMemoryConfig
+from jaxmem.models import mixers
+from jaxmem.models.layers import FeedForward, embed, layer_norm, linear, positions, token_ids
+from jaxmem.models.mixers.matrix_state import MatrixStateConfig
+from jaxmem.models.mixers.topk_memory import TopKMemoryConfig
 from jaxmem.models.remat import policy as remat_policy
 from jaxmem.models.unimatrix.config import UniMatrixConfig
 from jaxmem.sharding import param
 
 EMBED2 = ("embed", "embed")  # a d_model × d_model matrix (replicated)
-
-
-class FeedForward(nnx.Module):
-  """``W_2 GELU(W_1 x + b_1) + b_2``."""
-
-  def __init__(self, d_model: int, d_ff: int, n_layers: int, *, rngs: nnx.Rngs):
-    self.up = linear(d_model, d_ff, ("embed", "ffn"), rngs=rngs)
-    self.down = linear(d_ff, d_model, ("ffn", "embed"), rngs=rngs,
-                       kernel_init=nnx.initializers.normal(0.02 / (2 * n_layers) ** 0.5))
-
-  def __call__(self, x):
-    return self.down(jax.nn.gelu(self.up(x)))
 
 
 def matrix_state_config(cfg: UniMatrixConfig) -> MatrixStateConfig:
@@ -78,16 +67,17 @@ class UniMatrixBlock(nnx.Module):
   def __init__(self, cfg: UniMatrixConfig, *, rngs: nnx.Rngs):
     d = cfg.d_model
     self.ln1 = layer_norm(d, rngs=rngs)
-    self.mixer = MatrixStateMixer(matrix_state_config(cfg), d_model=d, n_heads=cfg.n_heads,
+    self.mixer = mixers.build(matrix_state_config(cfg), d_model=d, n_heads=cfg.n_heads,
                                   n_layers=cfg.n_steps, dtype="float32", rngs=rngs)
     if cfg.dense_memory:
       self.ln_m = nnx.data(layer_norm(d, rngs=rngs))
-      self.memory = nnx.data(TopKMemory(TopKMemoryConfig(top_k=cfg.dense_top_k), d_model=d, n_heads=cfg.n_heads,
-                                        n_layers=cfg.n_steps, dtype="float32", rngs=rngs))
+      memory = TopKMemoryConfig(top_k=cfg.dense_top_k)
+      self.memory = nnx.data(mixers.build(memory, d_model=d, n_heads=cfg.n_heads, n_layers=cfg.n_steps,
+                                          dtype="float32", rngs=rngs))
     else:
       self.ln_m, self.memory = nnx.data(None), nnx.data(None)
     self.ln2 = layer_norm(d, rngs=rngs)
-    self.ffn = FeedForward(d, cfg.ffn_dim, cfg.n_steps, rngs=rngs)
+    self.ffn = FeedForward(d, cfg.ffn_dim, n_layers=cfg.n_steps, rngs=rngs)
     self.drop = nnx.data(nnx.Dropout(cfg.dropout) if cfg.dropout else None)
 
   def __call__(self, h, initial_state=None, return_state: bool = False, key=None):
@@ -348,10 +338,6 @@ class UniMatrixLM(nnx.Module):
     return (logits, aux) if return_aux else logits
 
 
-def count_params(model: nnx.Module) -> int:
-  return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-
-
 def param_breakdown(model: nnx.Module) -> dict:
   """Parameter count per top-level attribute (``embed``, ``block``, ``rosa_embed``, ...)."""
   out: dict = {}
@@ -361,5 +347,5 @@ def param_breakdown(model: nnx.Module) -> dict:
   return out
 
 
-__all__ = ["FeedForward", "UniMatrixBlock", "UniMatrixLM", "count_params", "matrix_state_config",
+__all__ = ["UniMatrixBlock", "UniMatrixLM", "matrix_state_config",
            "param_breakdown"]
