@@ -210,11 +210,11 @@ def test_chunked_matches_numpy_loop_without_state_or_beta(rule):
   np.testing.assert_allclose(S, ref_S, rtol=1e-4, atol=2e-5)
 
 
-_chunked = jax.jit(assoc.chunked, static_argnames=("rule", "chunk_size", "group"))
+_chunked = jax.jit(assoc.chunked_scan, static_argnames=("rule", "chunk_size", "group"))
 
 
 def chunked_row_1(rule, chunk, group):
-  """``assoc.chunked`` on SHAPE's second row (B = 1, T = 37, with its initial state)."""
+  """``assoc.chunked_scan`` on SHAPE's second row (B = 1, T = 37, with its initial state)."""
   q, k, v, beta, decay, S0 = rows(inputs(), 1)
   lg = np.log(decay) if rule in DECAYS else None
   return _chunked(q, k, v, beta, lg, S0, rule=rule, chunk_size=chunk, group=group)

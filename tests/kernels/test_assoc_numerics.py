@@ -465,7 +465,7 @@ def _max_time_extent(jaxpr, dims):
 
 @functools.partial(jax.jit, static_argnames=("rule",))
 def _chunked_64_in_groups_of_16(q, k, v, beta, logg, S0, *, rule):
-  return assoc.chunked(q, k, v, beta, logg, S0, rule=rule, chunk_size=64, group=16)
+  return assoc.chunked_scan(q, k, v, beta, logg, S0, rule=rule, chunk_size=64, group=16)
 
 
 @pytest.mark.parametrize("B,rule", [(1, "delta"), (2, "delta"), (1, "gated_delta"), (2, "oja")])

@@ -52,15 +52,11 @@ import numpy as np
 
 from jaxmem.arrays import device_array
 from jaxmem.checks import check_choice, check_equal, check_floating, check_positive_int, check_rank, shape_of
-from jaxmem.kernels.assoc.chunked import chunked, chunked_head, unit_lower_inverse
+from jaxmem.kernels.assoc.chunked import chunked_head, chunked_scan, unit_lower_inverse
 from jaxmem.kernels.assoc.common import DECAY_RULES, ERASE_RULES, MODES, RULES, acc_dtype
 from jaxmem.kernels.assoc.parallel import parallel_head
 from jaxmem.kernels.assoc.recurrent import recurrent_head, update
 from jaxmem.kernels.precision import matmul_for
-
-# ``chunked`` names both the submodule jaxmem/kernels/assoc/chunked.py and, bound here after it,
-# its sequence function: ``assoc.chunked`` is the function (as before the split); import the
-# module's other names with ``from jaxmem.kernels.assoc.chunked import ...``.
 
 _NORM_EPS = 1e-6
 # decay= values below this are read as it (log-space kernels; see log_of_decay)
@@ -95,7 +91,7 @@ def _run(rule, mode, chunk_size, dot, q, k, v, beta, logg, S0):
   if mode == "chunked" or (mode == "parallel" and rule in ("delta", "gated_delta")):
     # parallel delta rules: the UT form with one chunk spanning the sequence
     C = chunk_size if mode == "chunked" else T
-    return chunked(q, k, v, beta, logg, S0, rule=rule, chunk_size=C, dot=dot)
+    return chunked_scan(q, k, v, beta, logg, S0, rule=rule, chunk_size=C, dot=dot)
   head = functools.partial(recurrent_head if mode == "recurrent" else parallel_head, rule=rule, dot=dot)
   t = 1  # per batch element, time-major [T, H, ...]: heads on axis 1
   lg = t if logg is not None else None
@@ -200,7 +196,7 @@ def _check_log_decay_values(log_decay, name: str) -> None:
 def _stability_slack(*dtypes) -> float:
   """Relative slack on β‖a‖² ≤ 2: the rounding of the inputs' dtype (3·eps, at least 1e-4).
 
-  Keys L2-normalised in bfloat16 have ‖k‖² within ±1.6% of 1 (measured, D = 8 … 128), so
+  Keys L2-normalised in bfloat16 have ‖k‖² within a few eps of 1 (jaxmem/kernels/assoc/README.md), so
   3·eps = 2.3% lets β = 2 pass with them.
   """
   eps = max(float(jnp.finfo(d).eps) for d in dtypes if jnp.issubdtype(d, jnp.floating))
@@ -412,6 +408,6 @@ def step(state, q_t, k_t, v_t, beta_t=None, decay_t=None, *, rule: str, log_deca
 
 __all__ = [
     "DECAY_FLOOR", "DECAY_RULES", "ERASE_RULES", "MODES", "RULES", "associative_memory",
-    "auto_forward_mode", "chunked", "chunked_head", "init", "l2_normalize",
+    "auto_forward_mode", "chunked_head", "chunked_scan", "init", "l2_normalize",
     "log_of_decay", "parallel_head", "recurrent_head", "step", "unit_lower_inverse", "update",
 ]

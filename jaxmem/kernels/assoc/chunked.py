@@ -40,9 +40,8 @@ from jaxmem.kernels.precision import Matmul
 # state-free work (Gram matrices, triangular inverse, W, U, reads) as batched matmuls
 # over the group's chunks, and runs the inner scan that carries the state chunk to
 # chunk. Temporaries are one group's worth (≈ _GROUP_BYTES per tensor) instead of
-# whole-sequence ``[N, X, C, C]`` tensors, which on the project's 2-core CPU were
-# re-faulted from the OS on every call (33k vs 14k page faults per call at T=8192, B=1,
-# H=8, D=64): the grouped forward ran 1.45× faster. The group step is rematerialised
+# whole-sequence ``[N, X, C, C]`` tensors, which the OS re-faults on every call
+# (measurements: jaxmem/kernels/assoc/README.md). The group step is rematerialised
 # (``jax.checkpoint``) for the backward pass.
 
 _GROUP_BYTES = 1 << 19
@@ -52,12 +51,12 @@ def chunked_head(q_TK, k_TK, v_TV, beta_T, logg_T, S_VK, *, rule: str, chunk_siz
                  dot: Matmul = HIGHEST):
   """One head, intra-chunk parallel + ``lax.scan`` over chunks; returns ``(o [T, D_v], S_T [D_v, D_k])``."""
   add = lambda x: None if x is None else x[None, :, None]  # [T, ...] -> [1, T, 1, ...]
-  o_BTHV, S_BHVK = chunked(add(q_TK), add(k_TK), add(v_TV), add(beta_T), add(logg_T),
+  o_BTHV, S_BHVK = chunked_scan(add(q_TK), add(k_TK), add(v_TV), add(beta_T), add(logg_T),
                            S_VK[None, None], rule=rule, chunk_size=chunk_size, dot=dot)
   return o_BTHV[0, :, 0], S_BHVK[0, 0]
 
 
-def chunked(q_BTHK, k_BTHK, v_BTHV, beta_BTH, logg_BTH, S_BHVK, *, rule: str, chunk_size: int,
+def chunked_scan(q_BTHK, k_BTHK, v_BTHV, beta_BTH, logg_BTH, S_BHVK, *, rule: str, chunk_size: int,
             group: Optional[int] = None, dot: Matmul = HIGHEST):
   """Chunked form on ``[B, T, H, ·]`` -> ``(o [B, T, H, D_v], S_T [B, H, D_v, D_k])``.
 
@@ -107,7 +106,7 @@ def chunked(q_BTHK, k_BTHK, v_BTHV, beta_BTH, logg_BTH, S_BHVK, *, rule: str, ch
       return S_XAB, o.reshape((B, g * C, H, Dv))
 
     # remat: the backward pass recomputes a group's intermediates from its inputs and
-    # carry instead of storing them all (less memory and, measured, ~1.4× faster on CPU)
+    # carry instead of storing them all (less memory; timings in jaxmem/kernels/assoc/README.md)
     return jax.checkpoint(step, prevent_cse=False)
 
   xs = []
