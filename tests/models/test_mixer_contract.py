@@ -9,6 +9,7 @@ instance of the config; every parameter carries logical axes; its state size is 
 
 import dataclasses
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,17 +22,14 @@ from jaxmem.models.mixers import Mixer
 
 D, H, B, T = 12, 2, 2, 7
 CASES = [(name, i) for name in mixers.names() for i in range(len(mixers.lookup(name)[0].examples()))]
-_TRACES: dict = {}
 
 
 def _build(cfg, seed=0):
   return mixers.build(cfg, d_model=D, n_heads=H, n_layers=2, dtype="float32", rngs=nnx.Rngs(seed))
 
 
-@nnx.jit
 def _forward_and_jacobian(mixer, x_BTD, w_D):
   """``y`` and ``J[b, t, c, s] = Σ_e |∂ (y[b, t] · w) / ∂ x[c, s, e]|``, from one program."""
-  _TRACES[mixer.cfg] = _TRACES.get(mixer.cfg, 0) + 1  # once per trace, never per call
   graphdef, state = nnx.split(mixer)
   f = lambda x: nnx.merge(graphdef, state, copy=True)(x)
   y = f(x_BTD)
@@ -57,9 +55,12 @@ def test_mixer_contract(name, example):
   assert jax.tree.leaves(params), name
   assert sharding.unannotated(params) == [], f"{name}: parameters without logical axes"
 
-  # shapes, dtype, causality: one program, then the same program for another instance and other inputs
+  # shapes, dtype, causality: one program (chex: traced at most once), then the same program for another
+  # instance of the config and other inputs
+  chex.clear_trace_counter()   # chex counts per function across the parametrized cases
+  forward_and_jacobian = nnx.jit(chex.assert_max_traces(_forward_and_jacobian, n=1))
   x, w = _inputs(0)
-  y, J = _forward_and_jacobian(mixer, x, w)
+  y, J = forward_and_jacobian(mixer, x, w)
   assert y.shape == (B, T, D) and y.dtype == jnp.float32, (name, y.shape, y.dtype)
   assert np.isfinite(np.asarray(y)).all(), name
   J = np.asarray(J)
@@ -69,10 +70,8 @@ def test_mixer_contract(name, example):
   # and it can see: every output after the first depends on some input (hard and top-K reads depend on the ones
   # they select; a memory of strictly earlier tokens reads nothing at t = 0)
   assert (J.sum((2, 3))[:, 1:] > 0).all(), f"{name}: an output depends on no input (the check would be blind)"
-  assert _TRACES[cfg] == 1, f"{cfg}: traced {_TRACES[cfg]} times"
   x2, w2 = _inputs(1)
-  _forward_and_jacobian(_build(cfg, seed=1), x2, w2)
-  assert _TRACES[cfg] == 1, f"{cfg}: a new instance of one config compiled again"
+  forward_and_jacobian(_build(cfg, seed=1), x2, w2)   # a second trace raises chex's AssertionError
 
   # state size: a positive int; grows with T only for memories that keep every token
   size = lambda t: cfg.state_floats(d_model=D, n_heads=H, seq_len=t)
