@@ -3,6 +3,7 @@
 (Its loss / accuracy code is :mod:`jaxmem.train.recall`'s, tested in ``tests/train/test_recall.py``.)
 """
 
+import dataclasses
 import json
 
 import jax.numpy as jnp
@@ -87,3 +88,17 @@ def test_mqar_experiment_tiny(tmp_path, monkeypatch):
   summary = f"width 16: softmax {results['softmax/d16']['accuracy']:.3f}, best rule delta " \
             f"{results['delta/d16']['accuracy']:.3f}"
   assert f"| mqar | ok | {summary} |" in report
+
+
+def test_every_registered_mixer_is_an_mqar_model_with_its_state_size():
+  # a new memory is selected by its registry name and reports its own state size (no edit to the experiment)
+  from jaxmem.models import mixers
+  s = quick_settings()
+  for name in mixers.names():
+    assert exp.MQARSettings(**{**dataclasses.asdict(s), "models": ("softmax", name)}).models[-1] == name
+    mcfg = exp.model_config(name, 64, s)
+    assert mcfg.mixer.name == name
+    per_layer = mcfg.mixer.state_floats(d_model=64, n_heads=s.n_heads, seq_len=s.seq_len)
+    assert mcfg.state_floats(s.seq_len) == s.n_layers * per_layer > 0
+  with pytest.raises(ValueError, match="unknown MQAR models"):
+    exp.MQARSettings(**{**dataclasses.asdict(s), "models": ("no_such_memory",)})
