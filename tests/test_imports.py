@@ -1,6 +1,6 @@
-"""The import graph of ``jaxmem/``: dependencies point down the layers below (``ARCHITECTURE.md``'s), and no
-module imports another package's ``_private`` name or module. Read from the source with ``ast`` (every import,
-also the ones inside functions), so nothing is imported or compiled."""
+"""The import graph of ``jaxmem/``: dependencies point down the layers below (the project's intended shape),
+and no module imports another package's ``_private`` name or module. Read from the source with ``ast`` (every
+import, also the ones inside functions), so nothing is imported or compiled."""
 
 import ast
 import pathlib

@@ -24,7 +24,8 @@ class TrainConfig:
     n_steps: total optimizer steps (the schedule's length).
     lr: peak learning rate, reached after ``warmup_steps``.
     min_lr_ratio: the cosine decays to ``lr * min_lr_ratio`` at ``n_steps``.
-    weight_decay: decoupled weight decay, applied to matrices and embeddings only.
+    weight_decay: decoupled weight decay, applied to matrices and embeddings only (from the parameters'
+      logical axes, :func:`jaxmem.sharding.decays`; parameters without axes get none, and train() warns).
     grad_clip: global gradient-norm clip (0 disables).
     ckpt_every: save a checkpoint every this many steps (and at the end).
     keep_checkpoints: how many recent checkpoints to keep.

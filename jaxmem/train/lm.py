@@ -56,7 +56,7 @@ def evaluate_bpb(model: nnx.Module, tokens: np.ndarray, seq_len: int, batch_size
   on_mesh = set(mesh.devices.flat)
   if any(getattr(x, "sharding", None) is None or x.sharding.device_set != on_mesh
          for x in jax.tree.leaves(state)):
-    # e.g. a checkpoint restored onto one device (jaxmem eval): lay it out on the mesh by the rules
+    # e.g. a checkpoint restored onto one device (jaxmem eval): lay it out on the mesh by its logical axes
     state = jaxmem_sharding.put_global(state, jaxmem_sharding.state_shardings(state, mesh))
   sharding = NamedSharding(mesh, P("data"))
   local = bs // n_proc
@@ -102,6 +102,11 @@ def _check_saved_config(workdir: pathlib.Path, cfg: LMConfig) -> None:
   distributed.check_same_config(new, "LM config")
   if path.exists():
     old = json.loads(path.read_text())
+    try:  # through the current dataclasses: a field added since the run was saved takes its default
+      now = config_files.to_dict(lm_config_from(old))
+      old = {**old, **{s: v for s, v in now.items() if s in ("model", "data")}}
+    except (ValueError, TypeError):
+      pass  # a config this version cannot read at all: compared as saved
     diffs = {s: config_diff(old.get(s), new[s]) for s in ("model", "data")}
     diffs = {s: d for s, d in diffs.items() if d}
     if diffs:

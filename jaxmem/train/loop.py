@@ -59,6 +59,7 @@ import os
 import pathlib
 import threading
 import time
+import warnings
 from typing import Any, Callable, Optional
 
 import jax
@@ -143,7 +144,11 @@ def _schedule(lr, warmup_steps, n_steps, min_lr_ratio):
 
 def _host_value(schedule: optax.Schedule, count: int) -> float:
   """``schedule(count)`` computed on this host's CPU (never queued behind a train step on an accelerator)."""
-  with jax.default_device(jax.local_devices(backend="cpu")[0]):
+  try:
+    device = jax.local_devices(backend="cpu")[0]
+  except RuntimeError:   # a platform list without the CPU backend
+    device = jax.local_devices()[0]
+  with jax.default_device(device):
     return float(schedule(count))
 
 
@@ -304,15 +309,14 @@ def check_train_iter(train_iter: Any) -> None:
 
 
 def batch_tokens(batch: dict) -> int:
-  """The tokens in a batch: rows × time of its ``inputs`` (``[B, T, ...]``); one per row when it has no
-  ``inputs`` with a time axis (rows: the leading size of ``inputs``, else of the batch's first array)."""
-  x = batch.get("inputs")
-  if x is None:
-    x = next(iter(batch.values()), None)
-  elif np.ndim(x) >= 2:
-    return int(np.shape(x)[0]) * int(np.shape(x)[1])
-  shape = np.shape(x) if x is not None else ()
-  return int(shape[0]) if shape else 1
+  """The tokens in a batch: rows × time of its sequence array (``inputs``, else ``observations``, else
+  ``mask``, ``[B, T, ...]``); one per row when none has a time axis."""
+  for key in ("inputs", "observations", "mask"):
+    x = batch.get(key)
+    if x is not None and np.ndim(x) >= 2:
+      return int(np.shape(x)[0]) * int(np.shape(x)[1])
+  x = next((v for v in batch.values() if np.ndim(v) >= 1), None)
+  return int(np.shape(x)[0]) if x is not None else 1
 
 
 def _tensorboard_writer_class() -> Any:
@@ -376,6 +380,12 @@ def train(
   model = task.init_model(nnx.Rngs(cfg.seed))
   model.train()   # the loss runs in train mode (dropout on), whatever mode init_model left
   graphdef, params, rngs, rest = nnx.split(model, nnx.Param, nnx.RngCount, ...)
+  bare = sharding.unannotated(params)
+  if bare and (cfg.weight_decay > 0 or cfg.model_axis > 1):
+    warnings.warn(f"{len(bare)} parameter(s) carry no logical axes ({', '.join(bare[:4])}"
+                  f"{', ...' if len(bare) > 4 else ''}): they get no weight decay and are replicated on the "
+                  "mesh. Build them with jaxmem.models.layers or jaxmem.sharding.param / with_axes.",
+                  stacklevel=2)
   tx = make_optimizer(cfg)
   state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
   if jax.tree.leaves(rngs):  # only models that draw random numbers (dropout) carry counters

@@ -125,13 +125,13 @@ class _PonderCost:
     return value + self.tau * ponder, {**metrics, "ponder": ponder}
 
 
-__all__ = ["LN2", "lm_loss", "masked_mean", "recall_loss", "sequence_loss", "squared_error_loss", "token_nll",
-           "with_ponder_cost"]
+__all__ = ["LN2", "REDUCTIONS", "bit_error_rate", "lm_loss", "masked_mean", "masked_sigmoid_cross_entropy",
+           "recall_loss", "sequence_loss", "squared_error_loss", "token_nll", "with_ponder_cost"]
 
 
 # ---------------------------------------------- bit-vector losses (algorithmic tasks: copy, repeat copy, ...)
 
-REDUCTIONS = ("mean", "deepmind", "deepmind_time_average")
+REDUCTIONS = ("mean", "deepmind", "deepmind_time_average")  # of masked_sigmoid_cross_entropy
 
 
 def _check_logits_targets_mask(logits, targets, mask) -> None:

@@ -82,7 +82,8 @@ def test_mixer_contract(name, example):
     state = mixer.init_state(1, T)
     assert sum(np.size(leaf) for leaf in jax.tree.leaves(state)) == size(T), name
     ys = _decode(mixer, x)
-    np.testing.assert_allclose(ys, np.asarray(y), rtol=1e-4, atol=1e-5, err_msg=name)
+    # two float32 evaluation orders of the same recurrence: rounding relative to the output's scale
+    np.testing.assert_allclose(ys, np.asarray(y), rtol=1e-4, atol=1e-5 * float(np.abs(y).max()), err_msg=name)
 
 
 @nnx.jit

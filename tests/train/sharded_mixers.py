@@ -1,8 +1,8 @@
 """Every registered mixer on a ``model`` axis of 2: ``python -m tests.train.sharded_mixers OUT.json`` (run
-with 2 fake CPU devices). For each mixer (the first of its config's ``examples()``), a 2-layer TransformerLM's
-loss and gradient on a ``(data=1, model=2)`` mesh (parameters laid out by their logical axes, the memory
-kernels run per device on their heads) and on one device; saves the largest difference, the per-device shapes
-of the mixer's parameters and the layout table."""
+with 2 fake CPU devices). For each mixer (the first and last of its config's ``examples()``), a 2-layer
+TransformerLM's loss and gradient on a ``(data=1, model=2)`` mesh (parameters laid out by their logical axes,
+the memory kernels run per device on their heads) and on one device; saves the largest difference, the
+per-device shapes of the mixer's parameters and the layout table."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from jaxmem.train import lm_loss
 VOCAB, T, BATCH = 32, 12, 2
 
 
-def model_for(name: str) -> TransformerLM:
-  cfg = mixers.lookup(name)[0].examples()[0]
+def model_for(name: str, example: int) -> TransformerLM:
+  cfg = mixers.lookup(name)[0].examples()[example]
   return TransformerLM(TransformerConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, d_ff=48,
                                          max_len=T, mixer=cfg), rngs=nnx.Rngs(0))
 
@@ -35,8 +35,9 @@ def main(out: str) -> None:
   tokens = (np.arange(BATCH * (T + 1)).reshape(BATCH, T + 1) * 7) % VOCAB
   batch = {"inputs": jnp.asarray(tokens[:, :-1]), "targets": jnp.asarray(tokens[:, 1:])}
   results = {}
-  for name in mixers.names():
-    g, p, r = nnx.split(model_for(name), nnx.Param, ...)
+  cases = [(n, i) for n in mixers.names() for i in sorted({0, len(mixers.lookup(n)[0].examples()) - 1})]
+  for name, example in cases:
+    g, p, r = nnx.split(model_for(name, example), nnx.Param, ...)
     loss_and_grad = lambda p, b, g=g, r=r: jax.value_and_grad(lambda p: lm_loss(nnx.merge(g, p, r), b)[0])(p)
     single = jax.jit(loss_and_grad)(p, batch)
     psh = sharding.state_shardings(p, mesh)
@@ -48,8 +49,8 @@ def main(out: str) -> None:
     leaves = jax.tree_util.tree_leaves_with_path(sharded[1])
     shapes = {sharding.path_str(path): [list(x.shape), list(x.addressable_shards[0].data.shape)]
               for path, x in leaves if "/attn/" in sharding.path_str(path)}
-    results[name] = {"max_abs_diff": diff, "scale": float(np.abs(np.asarray(single[0]))), "shapes": shapes,
-                     "layout": sharding.layout_table(p, mesh)}
+    results[f"{name}/{example}"] = {"max_abs_diff": diff, "scale": float(np.abs(np.asarray(single[0]))),
+                                    "shapes": shapes, "layout": sharding.layout_table(p, mesh)}
   with open(out, "w") as fh:
     json.dump(results, fh)
 

@@ -175,6 +175,16 @@ def test_workdir_of_a_different_model_is_refused(synthetic_data_dir, tmp_path):
   assert "vocab_size" not in str(e.value)
 
 
+def test_a_run_saved_before_a_config_field_existed_still_resumes(synthetic_data_dir, tmp_path):
+  # config.json of a run saved before TransformerConfig.ffn existed: the missing field takes its default
+  cfg = tiny_lm_config("--config.train.n_steps=2", "--config.train.warmup_steps=0")
+  train_lm(cfg, tmp_path / "w", progress=False)
+  saved = json.loads((tmp_path / "w" / "config.json").read_text())
+  del saved["model"]["ffn"]
+  (tmp_path / "w" / "config.json").write_text(json.dumps(saved))
+  assert train_lm(cfg, tmp_path / "w", progress=False).resumed_from == 2
+
+
 def test_config_diff_lists_nested_and_missing_fields():
   from jaxmem.train.lm import config_diff
   old = {"a": 1, "m": {"name": "assoc", "rule": "delta"}, "gone": 2}

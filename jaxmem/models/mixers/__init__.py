@@ -37,12 +37,12 @@ from jaxmem.models.mixers.matrix_state import MatrixStateConfig, MatrixStateMixe
 from jaxmem.models.mixers.qkv import QKVMixer, ShortConv  # noqa: E402
 from jaxmem.models.mixers.sdnc import SDNCConfig, SDNCHybrid, SDNCHybridConfig, SDNCRead  # noqa: E402
 from jaxmem.models.mixers.softmax import SoftmaxAttention, SoftmaxConfig  # noqa: E402
+from jaxmem.models.mixers.ssd import Mamba2, SSDConfig  # noqa: E402
 from jaxmem.models.mixers.topk_memory import TopKMemory, TopKMemoryConfig  # noqa: E402
 
 __all__ = [
-    "REGISTRY", "AHATAttention", "AHATConfig", "AssocConfig", "AssociativeMemory", "MatrixStateConfig",
-    "MatrixStateMixer", "Mixer", "MixerConfig", "QKVMixer", "SDNCConfig", "SDNCHybrid", "SDNCHybridConfig",
-    "SDNCRead",
-    "ShortConv", "SoftmaxAttention", "SoftmaxConfig", "TopKMemory", "TopKMemoryConfig", "build", "default_dict",
-    "lookup", "names", "register",
+    "REGISTRY", "AHATAttention", "AHATConfig", "AssocConfig", "AssociativeMemory", "Mamba2",
+    "MatrixStateConfig", "MatrixStateMixer", "Mixer", "MixerConfig", "QKVMixer", "SDNCConfig", "SDNCHybrid",
+    "SDNCHybridConfig", "SDNCRead", "SSDConfig", "ShortConv", "SoftmaxAttention", "SoftmaxConfig", "TopKMemory",
+    "TopKMemoryConfig", "build", "default_dict", "lookup", "names", "register",
 ]

@@ -27,8 +27,7 @@ from jaxmem.models.layers import embed, layer_norm, linear, token_ids
 from jaxmem.models.mixers.matrix_state import MatrixStateConfig, MatrixStateMixer
 from jaxmem.sharding import param
 
-# the per-task heads, stacked on a leading axis (replicated, not a feature axis: see jaxmem.sharding.decays)
-PER_TASK = ("layers",)
+# the typed latents and per-task heads are trained without weight decay (decay=False), as they always were
 
 
 def _index_table(vocab_size: int, ids: tuple) -> jax.Array:
@@ -79,13 +78,14 @@ class TypedLatentCompressor(nnx.Module):
   def __init__(self, cfg: TypedLatentConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     L, Hd, n_tasks, n_cls = cfg.latent_dim, cfg.hidden, len(cfg.task_ids), len(cfg.class_ids)
-    self.digit_embed = param(nnx.initializers.normal(1.0)(rngs.params(), (len(cfg.digit_ids), L)), (None, None))
+    digits = nnx.initializers.normal(1.0)(rngs.params(), (len(cfg.digit_ids), L))
+    self.digit_embed = param(digits, (None, None), decay=False)
     init = nnx.initializers.lecun_normal()
     per_task = lambda shape: jax.vmap(lambda k: init(k, shape))(jax.random.split(rngs.params(), n_tasks))
-    self.w1 = param(per_task((3 * L, Hd)), PER_TASK + (None, None))
-    self.b1 = param(jnp.zeros((n_tasks, Hd)), PER_TASK + (None,))
-    self.w2 = param(per_task((Hd, n_cls)), PER_TASK + (None, None))
-    self.b2 = param(jnp.zeros((n_tasks, n_cls)), PER_TASK + (None,))
+    self.w1 = param(per_task((3 * L, Hd)), (None, None, None), decay=False)
+    self.b1 = param(jnp.zeros((n_tasks, Hd)), (None, None), decay=False)
+    self.w2 = param(per_task((Hd, n_cls)), (None, None, None), decay=False)
+    self.b2 = param(jnp.zeros((n_tasks, n_cls)), (None, None), decay=False)
 
   def __call__(self, tokens_BT: jax.Array) -> jax.Array:
     cfg = self.cfg
