@@ -17,8 +17,11 @@ both are ``nnx.with_partitioning`` without flax's eager sharding); logical axes 
 parameters are annotated is laid out (and weight-decayed, :func:`decays`) with no edit to this file. A
 dimension the mesh axis does not divide stays replicated (recorded in :func:`layout_table`), so any model runs
 on any mesh; a leading dimension beyond the annotated ones (the layer axis of ``nnx.vmap``-stacked blocks) is
-``"layers"``. The optimizer state mirrors the parameter tree, metadata included, and gets the same layout
-(Adam's ``mu`` / ``nu`` of a sharded matrix are sharded alike).
+``"layers"``. The names are *logical*, stored in flax's ``out_sharding`` metadata: flax's own helpers
+(``nnx.get_partition_spec``) would read them as mesh axis names, so lay models out with
+:func:`state_shardings` (or give flax ``nnx.logical_axis_rules`` from :data:`LOGICAL_TO_MESH`). The
+optimizer state mirrors the parameter tree, metadata included, and gets the same layout (Adam's ``mu`` /
+``nu`` of a sharded matrix are sharded alike).
 
 Activations: :func:`constrain` pins ``[B, T, H, D/H]`` head tensors to ``(data, ·, model, ·)``
 inside the mixers when a mesh is set (``jax.set_mesh``), and :func:`map_heads` runs the softmax,

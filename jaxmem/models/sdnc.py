@@ -23,7 +23,7 @@ from flax import nnx
 from jaxmem.checks import check_config_ints
 from jaxmem.kernels.attention import softmax_attention
 from jaxmem.kernels.sdnc import sdnc_cross_attention
-from jaxmem.models.layers import FeedForward, embed, layer_norm, linear, positions
+from jaxmem.models.layers import FeedForward, embed, layer_norm, linear, positions, token_ids
 from jaxmem.models.mixers import SDNCConfig, SoftmaxConfig
 from jaxmem.models.transformer import Block, TransformerConfig, TransformerLM
 
@@ -127,7 +127,7 @@ class SDNCEncoderDecoder(nnx.Module):
 
   def encode(self, src_BS):
     S = src_BS.shape[1]
-    x = self.src_embed(src_BS) + self.src_pos[...][None, :S]
+    x = self.src_embed(token_ids(src_BS, self.cfg.src_vocab_size)) + self.src_pos[...][None, :S]
 
     @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
     def run(block, h):
@@ -137,7 +137,7 @@ class SDNCEncoderDecoder(nnx.Module):
   def __call__(self, src_BS, tgt_BT):
     mem = self.encode(src_BS)
     T = tgt_BT.shape[1]
-    x = self.tgt_embed(tgt_BT) + self.tgt_pos[...][None, :T]
+    x = self.tgt_embed(token_ids(tgt_BT, self.cfg.decoder.vocab_size)) + self.tgt_pos[...][None, :T]
 
     @nnx.scan(in_axes=(0, nnx.Carry, None), out_axes=nnx.Carry)
     def run(block, h, m):

@@ -36,7 +36,9 @@ def recall_mixer(name: str, short_conv: int = 0) -> MixerConfig:
   """The token mixer of a recall model: a conditioning circuit of learning rule ``name`` (an associative memory:
   chunked form, chunk 16; L2-normalised keys for the erasing rules delta / oja / gated_delta), or any registered
   mixer by its name (``"softmax"``, ``"ssd"``, ...: its default config); with a causal short convolution of
-  width ``short_conv`` on q/k/v (0: none) where the mixer has one."""
+  width ``short_conv`` on q/k/v (0: none) where the mixer's config has a ``short_conv`` field. A mixer without
+  one ignores it (Mamba-2's ``ssd`` has its own convolution, ``SSDConfig.d_conv``; ``matrix_state`` has none),
+  so compare such rows knowing that."""
   if name in RULES:
     return AssocConfig(rule=name, mode="chunked", chunk_size=16, key_norm=name in ERASE_RULES,
                        short_conv=short_conv)

@@ -9,6 +9,7 @@ import pytest
 from jaxmem.checks import check_floating
 from jaxmem.kernels import assoc, matrix_state, slots, ssd
 from jaxmem.kernels.attention import softmax_attention
+from jaxmem.kernels.sdnc import sdnc_attention, sdnc_hybrid_attention
 from jaxmem.kernels.topk_memory import topk_memory_read
 
 B, T, H, D = 1, 2, 1, 2
@@ -45,6 +46,10 @@ KERNELS = {
         lambda: dict(state=_z(B, H, D, D), q_t=_z(B, H, D), k_t=_z(B, H, D), v_t=_z(B, H, D),
                      d_t=_z(B, H, D)),
         "state q_t k_t v_t d_t"),
+    "sdnc_attention": (
+        sdnc_attention, lambda: dict(q=_z(B, T, H, D), k=_z(B, T, H, D), v=_z(B, T, H, D)), "q k v"),
+    "sdnc_hybrid_attention": (
+        sdnc_hybrid_attention, lambda: dict(q=_z(B, T, H, D), k=_z(B, T, H, D), v=_z(B, T, H, D)), "q k v"),
     "topk_memory_read": (
         topk_memory_read, lambda: dict(q=_z(B, T, H, D), k=_z(B, T, H, D), v=_z(B, T, H, D)), "q k v"),
     "slots.slot_memory": (

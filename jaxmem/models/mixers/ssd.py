@@ -31,6 +31,14 @@ wrong heads).
 Tested: ``tests/models/test_ssd_mixer.py`` (against a float64 NumPy re-implementation of the block; decoding;
 state size; in ``TransformerLM``; logical axes and weight decay) and ``tests/models/test_mixer_contract.py``.
 
+Porting from ``mamba_ssm.Mamba2``: the head count is the body's ``n_heads`` (Mamba-2 fixes ``headdim`` and
+derives it); defaults ``d_state = 16`` and ``chunk_size = 64`` (Mamba-2: 128 and 256); ``n_groups`` /
+``a_init_range`` for ``ngroups`` / ``A_init_range``; no ``dt_limit``; the input projections use
+``nnx.Linear``'s lecun-normal init (PyTorch: uniform); weights are split (``in_z``, ``in_x``, ``in_B``,
+``in_C``, ``in_dt``, ``conv_x`` / ``conv_B`` / ``conv_C``, ``norm``, ``out``), so importing Mamba-2 weights
+means splitting ``in_proj`` and ``conv1d`` by channel; the decoding conv window is ``[batch, d_conv − 1,
+channels]`` (Mamba-2: ``[batch, channels, d_conv]``).
+
 Decoding: :meth:`Mamba2.init_state` / :meth:`Mamba2.step` carry the last ``d_conv − 1`` inputs of the
 convolution (``u, B, C`` channels) and the SSM state ``[batch, H, P, N]``; their size does not grow with
 the sequence (:meth:`SSDConfig.state_floats`).

@@ -91,7 +91,7 @@ class TypedLatentCompressor(nnx.Module):
     cfg = self.cfg
     B, T = check_rank("tokens", tokens_BT, 2, "B, T")
     V = cfg.vocab_size
-    x = tokens_BT.astype(jnp.int32)
+    x = token_ids(tokens_BT, cfg.vocab_size).astype(jnp.int32)
     prev = jnp.pad(x[:, :-1], ((0, 0), (1, 0)), constant_values=0)
     tag = _index_table(V, cfg.tag_ids)[x]
     cur_tag = _last_index(tag)                                  # the record being read
