@@ -10,11 +10,19 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import jax
 import jax.numpy as jnp
 
 
 def shape_of(x: Any) -> tuple[int, ...]:
   return tuple(getattr(x, "shape", ()))
+
+
+def is_concrete(x: Any) -> bool:
+  """Whether ``x``'s values are known here (not a tracer inside ``jit`` / ``grad`` / ``vmap``): the checks on
+  values (ranges, finiteness) run only then; under a transformation they cannot, and each caller documents
+  what happens instead."""
+  return not isinstance(x, jax.core.Tracer)
 
 
 def check_rank(name: str, x: Any, rank: int, layout: str) -> tuple[int, ...]:

@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem.checks import check_positive_int
+from jaxmem.checks import check_positive_int, is_concrete
 
 EPS = 1e-6
 
@@ -121,7 +121,7 @@ def _first_non_finite(x):
 
 
 def _is_traced(xs):
-  return any(isinstance(x, jax.core.Tracer) for x in xs)
+  return not all(is_concrete(x) for x in xs)
 
 
 def _check_fields(prefix, fields, want, sizes, check_values, non_finite) -> bool:

@@ -125,7 +125,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmem.arrays import device_array
-from jaxmem.checks import check_choice, check_equal, check_floating, check_positive_int, check_rank, shape_of
+from jaxmem.checks import (
+  check_choice,
+  check_equal,
+  check_floating,
+  check_positive_int,
+  check_rank,
+  is_concrete,
+  shape_of,
+)
 from jaxmem.kernels.assoc import associative_memory, auto_forward_mode, log_of_decay
 from jaxmem.kernels.assoc.common import decay_mask
 from jaxmem.kernels.precision import Matmul, matmul_for
@@ -354,9 +362,6 @@ def _auto_jvp(fwd_mode, chunk_size, dot, primals, tangents):
 # Argument checks.
 
 
-def _is_concrete(x) -> bool:
-  return not isinstance(x, jax.core.Tracer)
-
 
 def _as_array(x):
   return x if x is None or isinstance(x, jax.Array) else device_array(x)
@@ -376,7 +381,7 @@ def _check_gate(rho, log_rho, names: tuple[str, str], wants: tuple[tuple, tuple]
   if shape not in ((),) + tuple(wants):
     raise ValueError(f"`{name}` must be a scalar or have shape {shapes} (one gate per head, or per head "
                      f"and state channel), got {shape}.")
-  if not _is_concrete(x):
+  if not is_concrete(x):
     return
   a = np.asarray(x, np.float64)
   ok = (a >= 0) & (a <= 1) if rho is not None else a <= 0  # False for NaN; log ρ = −inf allowed
@@ -397,7 +402,7 @@ def _check_mix(mix, d, names: tuple[str, str], wants: tuple[tuple, tuple], layou
   if shape not in wants:
     raise ValueError(f"`{m_name}` must have shape [{layouts[0]}] = {wants[0]} or [{layouts[1]}] = "
                      f"{wants[1]} (weights in {MIX_TERMS} order), got {shape}.")
-  if not _is_concrete(mix):
+  if not is_concrete(mix):
     if d is None:
       raise ValueError(f"`{d_name}` is required with a traced `{m_name}` (its diagonal weight cannot be "
                        f"checked to be 0); pass `{d_name}`.")

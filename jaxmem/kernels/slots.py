@@ -81,6 +81,7 @@ from jaxmem.checks import (
   check_floating,
   check_positive_int,
   check_rank,
+  is_concrete,
   shape_of,
 )
 
@@ -242,15 +243,12 @@ def _pointer(weights_BN, ids_BN, vocab_size: int):
 # --------------------------------------------------------------------------------------
 
 
-def _is_concrete(x) -> bool:
-  return not isinstance(x, jax.core.Tracer)
-
 
 def _check_ids(name: str, ids, vocab_size: Optional[int]) -> None:
   dtype = getattr(ids, "dtype", None)
   if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
     raise ValueError(f"`{name}` must hold integer token ids, got dtype {dtype}.")
-  if _is_concrete(ids) and ids.size:
+  if is_concrete(ids) and ids.size:
     lo, hi = int(np.min(np.asarray(ids))), int(np.max(np.asarray(ids)))
     if lo < 0 or (vocab_size is not None and hi >= vocab_size):
       allowed = "be non-negative" if vocab_size is None else f"lie in [0, vocab_size={vocab_size})"
@@ -263,7 +261,7 @@ def _check_gate(name: str, gate, shape: tuple[int, ...]) -> None:
     raise ValueError(f"`{name}` must have shape {shape}, got {tuple(gate.shape)}.")
   if not (gate.dtype == jnp.bool_ or jnp.issubdtype(gate.dtype, jnp.floating)):
     raise ValueError(f"`{name}` must be boolean or floating-point, got dtype {gate.dtype}.")
-  if _is_concrete(gate) and gate.size and gate.dtype != jnp.bool_:
+  if is_concrete(gate) and gate.size and gate.dtype != jnp.bool_:
     g = np.asarray(gate, np.float64)
     bad = ~((g >= 0) & (g <= 1))   # NaN is bad too
     if bad.any():

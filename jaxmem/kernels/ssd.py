@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmem.arrays import device_array
-from jaxmem.checks import check_choice, check_floating, check_positive_int, check_rank, shape_of
+from jaxmem.checks import check_choice, check_floating, check_positive_int, check_rank, is_concrete, shape_of
 from jaxmem.kernels import assoc
 from jaxmem.kernels.assoc import MODES, associative_memory
 from jaxmem.kernels.precision import Matmul, matmul_for
@@ -64,7 +64,7 @@ def _check_shape(name: str, x, want: tuple, layout: str) -> None:
 
 def _concrete(x) -> Optional[np.ndarray]:
   """``x`` as a float64 NumPy array when its values are known (not traced), else None."""
-  if x is None or isinstance(x, jax.core.Tracer):
+  if x is None or not is_concrete(x):
     return None
   return np.asarray(x, np.float64)
 

@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_embed_init, default_kernel_init
 
+from jaxmem.checks import is_concrete
 from jaxmem.sharding import param, with_axes
 
 Axes = Sequence[Optional[str]]
@@ -80,7 +81,7 @@ def token_ids(tokens_BT, vocab_size: int) -> jax.Array:
   tokens_BT = tokens_BT if isinstance(tokens_BT, jax.Array) else jax.numpy.asarray(tokens_BT)
   if not jax.numpy.issubdtype(tokens_BT.dtype, jax.numpy.integer):
     raise ValueError(f"`tokens` must be integer token ids, got dtype {tokens_BT.dtype}.")
-  if not isinstance(tokens_BT, jax.core.Tracer):
+  if is_concrete(tokens_BT):
     t = np.asarray(tokens_BT)
     bad = t[(t < 0) | (t >= vocab_size)]
     if bad.size:

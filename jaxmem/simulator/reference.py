@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmem.arrays import device_array
+from jaxmem.checks import is_concrete
 
 __all__ = [
     "AttentionParams", "EncoderParams", "attention_layer", "attention_layer_numpy", "check_attention_params",
@@ -59,13 +60,10 @@ def _shape(x) -> tuple[int, ...]:
   return tuple(getattr(x, "shape", np.shape(x)))
 
 
-def _is_concrete(x) -> bool:
-  return not isinstance(x, jax.core.Tracer)
-
 
 def check_finite_array(name: str, x) -> None:
   """ValueError if a concrete array holds NaN or ±inf (skipped under tracing)."""
-  if _is_concrete(x) and not bool(np.all(np.isfinite(np.asarray(x)))):
+  if is_concrete(x) and not bool(np.all(np.isfinite(np.asarray(x)))):
     raise ValueError(f"`{name}` holds non-finite values (NaN or inf).")
 
 

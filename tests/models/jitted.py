@@ -20,6 +20,15 @@ read_out = nnx.jit(lambda model, h: model.read_out(h))
 
 
 @nnx.jit
+def decode(mixer, x_BTD):
+  """A mixer's ``step`` over the tokens from its ``init_state``: ``(y [B, T, d_model], final state)``."""
+  def body(state, x_BD):
+    return mixer.step(state, x_BD)
+  state, y = jax.lax.scan(body, mixer.init_state(x_BTD.shape[0], x_BTD.shape[1]), jnp.moveaxis(x_BTD, 1, 0))
+  return jnp.moveaxis(y, 0, 1), state
+
+
+@nnx.jit
 def logit_jacobian(model, tokens_BT, w_V):
   """For a TransformerLM: ``J[b, t, c, s] = Σ_d |∂ (logits[b, t] · w) / ∂ x[c, s, d]|`` ``[B, T, B, T]``,
   ``x`` the input embeddings and ``w`` a random read-out of the logits: every position of every row from

@@ -19,6 +19,7 @@ from flax import nnx
 from jaxmem import sharding
 from jaxmem.models import mixers
 from jaxmem.models.mixers import Mixer
+from tests.models.jitted import decode
 
 D, H, B, T = 12, 2, 2, 7
 CASES = [(name, i) for name in mixers.names() for i in range(len(mixers.lookup(name)[0].examples()))]
@@ -81,24 +82,9 @@ def test_mixer_contract(name, example):
   if module_cls.decodes():
     state = mixer.init_state(1, T)
     assert sum(np.size(leaf) for leaf in jax.tree.leaves(state)) == size(T), name
-    ys = _decode(mixer, x)
+    ys = np.asarray(decode(mixer, x)[0])
     # two float32 evaluation orders of the same recurrence: rounding relative to the output's scale
     np.testing.assert_allclose(ys, np.asarray(y), rtol=1e-4, atol=1e-5 * float(np.abs(y).max()), err_msg=name)
-
-
-@nnx.jit
-def _decode_jit(mixer, x_BTD):
-  state = mixer.init_state(x_BTD.shape[0], x_BTD.shape[1])
-
-  def body(state, x_BD):
-    return mixer.step(state, x_BD)
-
-  _, ys = jax.lax.scan(body, state, jnp.swapaxes(x_BTD, 0, 1))
-  return jnp.swapaxes(ys, 0, 1)
-
-
-def _decode(mixer, x):
-  return np.asarray(_decode_jit(mixer, x))
 
 
 def test_base_class_says_what_a_mixer_without_decoding_lacks():

@@ -31,6 +31,7 @@ from jaxmem import sharding
 from jaxmem.arrays import device_array
 from jaxmem.models import SoftmaxConfig, TransformerConfig, TransformerLM, mixers
 from jaxmem.models.mixers.ssd import Mamba2, SSDConfig
+from tests.models.jitted import decode, forward
 
 D_MODEL, N_HEADS, N_LAYERS = 16, 4, 2
 NB, T = 2, 13
@@ -122,17 +123,6 @@ def reference(key: str):
   return numpy_mamba2(params_of(model(key)), inputs(), CONFIGS[key], N_HEADS)
 
 
-forward = nnx.jit(lambda m, x: m(x))
-
-
-@nnx.jit
-def decode(m, x_BTD):
-  """``step`` over the tokens from ``init_state``: ``(y [batch, T, d_model], final state)``."""
-  def body(state, x_t):
-    state, y_t = m.step(state, x_t)
-    return state, y_t
-  state, y = jax.lax.scan(body, m.init_state(x_BTD.shape[0], x_BTD.shape[1]), jnp.moveaxis(x_BTD, 1, 0))
-  return jnp.moveaxis(y, 0, 1), state
 
 
 def assert_close(got, want, msg, atol_scale=1e-4, rtol=1e-4):

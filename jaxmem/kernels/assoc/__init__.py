@@ -51,7 +51,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmem.arrays import device_array
-from jaxmem.checks import check_choice, check_equal, check_floating, check_positive_int, check_rank, shape_of
+from jaxmem.checks import (
+  check_choice,
+  check_equal,
+  check_floating,
+  check_positive_int,
+  check_rank,
+  is_concrete,
+  shape_of,
+)
 from jaxmem.kernels.assoc.chunked import chunked_head, chunked_scan, unit_lower_inverse
 from jaxmem.kernels.assoc.common import DECAY_RULES, ERASE_RULES, MODES, RULES, acc_dtype
 from jaxmem.kernels.assoc.parallel import parallel_head
@@ -148,9 +156,6 @@ def _forward(q, k, v, beta, decay, log_decay, S0, *, rule, mode, chunk_size, nor
 # Public API.
 
 
-def _is_concrete(x) -> bool:
-  return not isinstance(x, jax.core.Tracer)
-
 
 def _as_array(x):
   """Lists and Python numbers become arrays (so a list is not mistaken for a scalar)."""
@@ -164,7 +169,7 @@ def _check_shape(name: str, x, want: tuple, layout: str):
 
 
 def _check_finite_values(name: str, x) -> None:
-  if x is None or not _is_concrete(x):
+  if x is None or not is_concrete(x):
     return
   a = np.asarray(x, np.float64)
   if not np.all(np.isfinite(a)):
@@ -174,7 +179,7 @@ def _check_finite_values(name: str, x) -> None:
 
 def _check_decay_values(decay, name: str) -> None:
   """γ ∈ [0, 1] (decay=) when concrete."""
-  if decay is None or not _is_concrete(decay):
+  if decay is None or not is_concrete(decay):
     return
   d = np.asarray(decay, np.float64)
   ok = np.isfinite(d) & (d >= 0) & (d <= 1)
@@ -184,7 +189,7 @@ def _check_decay_values(decay, name: str) -> None:
 
 def _check_log_decay_values(log_decay, name: str) -> None:
   """log γ ∈ [−inf, 0] (log_decay=) when concrete."""
-  if log_decay is None or not _is_concrete(log_decay):
+  if log_decay is None or not is_concrete(log_decay):
     return
   d = np.asarray(log_decay, np.float64)
   ok = d <= 0  # False for NaN; −inf (γ = 0) is allowed
@@ -209,7 +214,7 @@ def _check_stability(rule: str, beta, k, v, normalize_keys: bool) -> None:
   if rule not in ERASE_RULES:
     return
   a = v if rule == "oja" else k
-  if not (_is_concrete(beta) and _is_concrete(a)):
+  if not (is_concrete(beta) and is_concrete(a)):
     return
   b = np.asarray(1.0 if beta is None else beta, np.float64)
   if normalize_keys and rule != "oja":
