@@ -13,7 +13,7 @@ token's id instead of the cosine).
 
 import ml_collections
 
-MODELS = ("transformer", "core", "rosa", "discovery", "assoc", "hybrid", "sparse_pointer",
+MODELS = ("transformer", "core", "rosa", "discovery", "dense_memory", "hybrid", "sparse_pointer",
           "sparse_pointer_dropout")
 # every slots × pointer × write-gate cell of the paper's ablation and the cells it leaves out
 GRID = tuple(f"{n}{p}{g}" for n in (4, 8, 16, 32) for p in ("", " no-pointer") for g in ("", " no-gate"))

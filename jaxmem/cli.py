@@ -12,8 +12,10 @@ def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="jaxmem", description=__doc__)
   sub = p.add_subparsers(dest="command", required=True)
 
-  t = sub.add_parser("train", help="train a model from a config file; resumes from workdir",
-                     epilog="Override any field with --config.section.field=value.")
+  t = sub.add_parser("train", help="train a byte LM (any model body) from a config file; resumes from it",
+                     epilog="Override any field with --config.section.field=value; "
+                            "--config.model.body=unimatrix (or dnc, transformer) switches the model to that "
+                            "body's defaults.")
   t.add_argument("--config", required=True,
                  help="config file, optionally with a variant: configs/lm_baseline.py:quick")
   t.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, config.json")
@@ -81,7 +83,9 @@ def _dispatch(args, overrides) -> int:
     from jaxmem import config_files
     from jaxmem.data import CorpusNotFoundError
     from jaxmem.train import NonFiniteLossError, train_lm
-    cfg = config_files.apply_overrides(config_files.load_config(args.config), overrides)
+    cfg = config_files.load_config(args.config)
+    _check_lm_config(args.config, cfg)
+    cfg = config_files.apply_overrides(cfg, overrides)
     try:
       res = train_lm(cfg, args.workdir, stop_after=args.stop_after, progress=not args.no_progress)
     except CorpusNotFoundError as e:
@@ -124,6 +128,28 @@ def _dispatch(args, overrides) -> int:
     print(run_benches(args.names, quick=args.quick, repeats=args.repeats))
     return 0
   raise AssertionError(args.command)
+
+
+LM_SECTIONS = {"model", "data", "train"}
+
+
+def _check_lm_config(spec: str, cfg) -> None:
+  """``jaxmem train`` takes an LM config (model, data, train); an experiment's settings file gets an error
+  that says which command runs it."""
+  if set(cfg.keys()) <= LM_SECTIONS:
+    return
+  from jaxmem import config_files
+  from jaxmem.experiments import load_all
+  stem = config_files.resolve_config_path(spec)[0].stem
+  owners = [name for name, exp in load_all().items() if exp.config == stem]
+  if owners:
+    runs = " / ".join(f"`jaxmem reproduce --only {n}`" for n in owners)
+    raise ValueError(f"{spec!r} holds the settings of the experiment {', '.join(owners)} (`jaxmem reproduce`), "
+                     f"not a training run: run it with {runs} (overrides: --config.{owners[0]}.<field>=...). "
+                     f"`jaxmem train` takes an LM config with sections model, data, train "
+                     f"(configs/lm_baseline.py; --config.model.body picks the model).")
+  raise ValueError(f"{spec!r} is not an LM config: sections {sorted(cfg.keys())}, expected "
+                   f"{sorted(LM_SECTIONS)} (configs/lm_baseline.py).")
 
 
 def _parse_vocab(text: str) -> list:

@@ -5,11 +5,11 @@ a variant (``configs/lm_baseline.py:quick``). The CLI's ``--config.a.b=value`` o
 are applied here, parsed by the type of the field they replace; an unknown field is a
 ``ValueError`` that names it and lists the valid ones.
 
-Token mixers are tagged sections: ``model.mixer`` holds ``name`` plus that mixer's fields
-(:mod:`jaxmem.models.mixers`). Overriding ``--config.model.mixer.name=assoc`` swaps the
-section for the assoc mixer's defaults, so the next overrides
-(``--config.model.mixer.rule=delta``) see its fields. A per-layer tuple of mixers is a
-list of such sections.
+Token mixers and model bodies are tagged sections: ``model.mixer`` holds ``name`` plus that mixer's fields
+(:mod:`jaxmem.models.mixers`), ``model`` holds ``body`` plus that body's fields (:mod:`jaxmem.models.bodies`).
+Overriding ``--config.model.mixer.name=assoc`` swaps the section for the assoc mixer's defaults, so the next
+overrides (``--config.model.mixer.rule=delta``) see its fields; ``--config.model.body=unimatrix`` swaps the
+model section for UniMatrix's defaults the same way. A per-layer tuple of mixers is a list of such sections.
 """
 
 from __future__ import annotations
@@ -112,27 +112,33 @@ def apply_overrides(cfg: ml_collections.ConfigDict, overrides: Sequence[str]) ->
       if i < len(parts) - 1:
         node = node[part]
     value = _parse_value(raw, node[parts[-1]], field)
-    if parts[-1] == "name" and value != node["name"] and _is_mixer_section(node):
-      _retag_mixer(cfg, parts[:-1], value, field)
+    registry = _tag_registry(node, parts[-1])
+    if registry is not None and value != node[parts[-1]]:
+      _retag(cfg, parts[:-1], registry, value, field)
     else:
       node[parts[-1]] = value
   return cfg
 
 
-def _is_mixer_section(node) -> bool:
-  from jaxmem.models import mixers
-  return node["name"] in mixers.REGISTRY and set(node.keys()) == set(mixers.default_dict(node["name"]))
+def _tag_registry(node, key: str):
+  """The registry module (mixers or bodies) when ``node[key]`` is the tag of a whole section of one of its
+  configs (``model.mixer.name``, ``model.body``), else None."""
+  from jaxmem.models import bodies, mixers
+  registry = {"name": mixers, "body": bodies}.get(key)
+  if registry is None or node[key] not in registry.REGISTRY:
+    return None
+  return registry if set(node.keys()) == set(registry.default_dict(node[key])) else None
 
 
-def _retag_mixer(cfg, path: Sequence[str], name: str, field: str) -> None:
-  """Replaces the mixer section at ``path`` by mixer ``name``'s defaults."""
-  from jaxmem.models import mixers
-  if name not in mixers.REGISTRY:
-    raise ValueError(f"`--config.{field}`: unknown mixer {name!r}; registered: {mixers.names()}.")
+def _retag(cfg, path: Sequence[str], registry, name: str, field: str) -> None:
+  """Replaces the section at ``path`` by the defaults of ``registry``'s config ``name``."""
+  if name not in registry.REGISTRY:
+    kind = "mixer" if registry.__name__.endswith("mixers") else "model body"
+    raise ValueError(f"`--config.{field}`: unknown {kind} {name!r}; registered: {registry.names()}.")
   parent = cfg
   for part in path[:-1]:
     parent = parent[part]
-  parent[path[-1]] = ml_collections.ConfigDict(mixers.default_dict(name))
+  parent[path[-1]] = ml_collections.ConfigDict(registry.default_dict(name))
 
 
 def to_dataclass(cls: type, values: Any, where: str = ""):
@@ -152,6 +158,11 @@ def to_dataclass(cls: type, values: Any, where: str = ""):
   hints = typing.get_type_hints(cls)
   kwargs = {}
   for name, value in values.items():
+    if not fields[name].init:  # a tag (a mixer's name, a body's body): fixed by the class
+      if value != fields[name].default:
+        raise ValueError(f"config field {where + '.' if where else ''}{name} of {cls.__name__} is "
+                         f"{fields[name].default!r}, got {value!r}.")
+      continue
     hint = hints.get(name)
     tagged = getattr(fields[name].default, "from_dict", None)  # a tagged section (a mixer): dispatch on name
     if tagged is not None and not dataclasses.is_dataclass(value):

@@ -24,13 +24,13 @@ optimizer state mirrors the parameter tree, metadata included, and gets the same
 ``nu`` of a sharded matrix are sharded alike).
 
 Activations: :func:`constrain` pins ``[B, T, H, D/H]`` head tensors to ``(data, ·, model, ·)``
-inside the mixers when a mesh is set (``jax.set_mesh``), and :func:`map_heads` runs the softmax,
-associative-memory and matrix-state kernels inside ``jax.shard_map`` on each device's own batch
-rows and heads (GSPMD alone all-gathered heads inside the kernels' scans over time). Both are the
-identity without a mesh, so the models run unchanged on one device. What communication is left
-per layer is Megatron's: an all-reduce after the output projection and after the FFN, and one
-all-gather where the fused q / k / v projection (columns laid out ``[3, H, K]``, so a split of
-its 3·H·K columns is not head-aligned) is reshaped into heads.
+inside the mixers when a mesh is set (``jax.set_mesh``), and :func:`map_heads` runs every mixer's
+per-head kernel (the QKV mixers' from their base class, the matrix-state and SSD ones by their own call)
+inside ``jax.shard_map`` on each device's own batch rows and heads (GSPMD alone all-gathered heads
+inside the kernels' scans over time). Both are the identity without a mesh, so the models run unchanged
+on one device. What communication is left per layer is Megatron's: an all-reduce after the output
+projection and after the FFN, and one all-gather where the fused q / k / v projection (columns laid out
+``[3, H, K]``, so a split of its 3·H·K columns is not head-aligned) is reshaped into heads.
 
 Mesh axes are ``AxisType.Auto`` (passed explicitly): the GSPMD partitioner propagates the
 parameter and batch shardings, and the constraints above fix the per-head layout. jaxmem's models

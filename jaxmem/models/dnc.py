@@ -7,6 +7,9 @@ memory step is :func:`jaxmem.kernels.dnc.step`, vmapped over the batch; the outp
 body is wrapped in ``jax.checkpoint`` (``remat=True``) so the reverse pass stores the
 carried state per step and not the step's intermediates.
 
+:class:`DNCLM` is the DNC as a language model (token embedding in, logits out; the ``"dnc"`` body of an LM
+config, :mod:`jaxmem.models.bodies`), so ``jaxmem train`` trains it like any other.
+
 As in DeepMind's reference, the controller output and the interface are clipped to
 ``[-clip_value, clip_value]`` (0 disables) for stability early in training.
 """
@@ -21,7 +24,8 @@ from flax import nnx
 
 from jaxmem.checks import check_config_ints, check_rank
 from jaxmem.kernels import dnc as dnc_kernels
-from jaxmem.models.layers import constant, linear
+from jaxmem.models import bodies
+from jaxmem.models.layers import constant, embed, linear, token_ids
 
 # the controller's and read-out's matrices: replicated (the LSTM is small and sequential), weight-decayed
 EMBED2 = ("embed", "embed")
@@ -111,3 +115,64 @@ class DNC(nnx.Module):
     final, ys = jax.lax.scan(step, self.initial_state(B), jnp.swapaxes(x_BTC, 0, 1))
     ys = jnp.swapaxes(ys, 0, 1)
     return (ys, final[2]) if return_state else ys
+
+
+@dataclasses.dataclass(frozen=True)
+class DNCLMConfig(bodies.BodyConfig):
+  """A DNC-controller language model (:class:`DNCLM`): token embedding of width ``d_embed``, the DNC (its
+  memory and controller fields as :class:`DNCConfig`), logits read out by the DNC's output layer.
+
+  Attributes:
+    body: "dnc", the tag of this body in an LM config's ``model`` section (not an argument).
+    vocab_size: token ids ``[0, vocab_size)`` (256 for bytes).
+    d_embed: width of the token embedding, the DNC's input.
+    memory_size, word_size, num_reads, hidden_size, controller, clip_value, remat: as :class:`DNCConfig`.
+  """
+
+  body: str = dataclasses.field(default="dnc", init=False)
+  vocab_size: int = 256
+  d_embed: int = 64
+  memory_size: int = 64
+  word_size: int = 32
+  num_reads: int = 4
+  hidden_size: int = 128
+  controller: str = "lstm"
+  clip_value: float = 20.0
+  remat: bool = True
+
+  def __post_init__(self):
+    check_config_ints(self, ("vocab_size", "d_embed"))
+    _ = self.dnc  # the memory's and controller's own checks (DNCConfig.__post_init__)
+
+  @property
+  def dnc(self) -> DNCConfig:
+    """The :class:`DNCConfig` of the memory: input ``d_embed``, output ``vocab_size``."""
+    return DNCConfig(input_dim=self.d_embed, output_dim=self.vocab_size, memory_size=self.memory_size,
+                     word_size=self.word_size, num_reads=self.num_reads, hidden_size=self.hidden_size,
+                     controller=self.controller, clip_value=self.clip_value, remat=self.remat)
+
+  def state_floats(self, seq_len: int) -> int:
+    """Floats of the carried state per sequence, whatever ``seq_len``: memory ``N·W``, link matrix ``N²``,
+    usage, precedence and write weights ``3·N``, read weights ``R·N``, controller ``2·hidden``, reads
+    ``R·W``."""
+    N, W, R = self.memory_size, self.word_size, self.num_reads
+    return N * W + N * N + 3 * N + R * N + 2 * self.hidden_size + R * W
+
+
+class DNCLM(nnx.Module):
+  """``tokens [B, T] -> logits [B, T, vocab_size]`` (float32): ``DNC(Embed(tokens))``, one ``lax.scan`` over
+  time; no positions (the controller's recurrence orders the tokens), so no length limit."""
+
+  def __init__(self, cfg: DNCLMConfig, *, rngs: nnx.Rngs):
+    if not isinstance(cfg, DNCLMConfig):
+      raise ValueError(f"`cfg` must be a DNCLMConfig, got {type(cfg).__name__}.")
+    self.cfg = cfg
+    self.embed = embed(cfg.vocab_size, cfg.d_embed, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.dnc = DNC(cfg.dnc, rngs=rngs)
+
+  def __call__(self, tokens_BT: jax.Array) -> jax.Array:
+    check_rank("tokens", tokens_BT, 2, "B, T")
+    return self.dnc(self.embed(token_ids(tokens_BT, self.cfg.vocab_size))).astype(jnp.float32)
+
+
+bodies.register("dnc", DNCLMConfig, DNCLM)

@@ -10,14 +10,16 @@ alone (:func:`jaxmem.sharding.state_shardings`, :func:`jaxmem.sharding.decay_mas
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_embed_init, default_kernel_init
 
-from jaxmem.checks import is_concrete
+from jaxmem.checks import check_positive_int, is_concrete
 from jaxmem.sharding import param, with_axes
 
 Axes = Sequence[Optional[str]]
@@ -64,6 +66,70 @@ class FeedForward(nnx.Module):
 
   def __call__(self, x: jax.Array) -> jax.Array:
     return self.down(jax.nn.gelu(self.up(x)))
+
+
+CONV_INITS = ("identity", "uniform")
+
+
+class CausalConv(nnx.Module):
+  """Depthwise causal convolution over time on ``[B, T, C]``: ``y_t = b + Σ_{j<K} w_j ⊙ x_{t−K+1+j}``.
+
+  PyTorch's ``Conv1d`` order, as fla's ``ShortConvolution`` and Mamba's ``conv1d`` store it: ``taps[K − 1]``
+  multiplies the current token, ``taps[0]`` the one ``K − 1`` back (zeros before the first). It is the short
+  convolution of H3 (Fu et al. 2023, its "shift" SSM), Zoology's BaseConv, DeltaNet and Mamba; ``K`` is a
+  small static width, so this is ``K`` vector ops, not a loop over time.
+
+  ``init="identity"``: ``taps[K − 1] = 1``, the rest 0, no change to the model at initialisation (the q/k/v
+  short convolution); ``"uniform"``: taps (and bias) uniform in ``±1/√K``, PyTorch's ``Conv1d`` default for
+  one input channel per group (Mamba-2's). ``bias`` adds ``b [C]`` (zeros with the identity init).
+  ``taps [K, C]`` has logical axes ``("conv", axis)``, ``bias`` ``(axis,)``.
+
+  Decoding: :meth:`scan` continues from the last ``K − 1`` inputs (``tail [B, K − 1, C]``, oldest first;
+  zeros at the start), :meth:`step` is one token of it.
+  """
+
+  def __init__(self, width: int, channels: int, axis: Optional[str] = "heads", *, bias: bool = False,
+               init: str = "identity", rngs: nnx.Rngs):
+    check_positive_int("width", width)
+    check_positive_int("channels", channels)
+    if init not in CONV_INITS:
+      raise ValueError(f"`init` must be one of {list(CONV_INITS)}, got {init!r}.")
+    self.width, self.channels = width, channels
+    if init == "identity":
+      taps, b = jnp.zeros((width, channels), jnp.float32).at[width - 1].set(1.0), jnp.zeros((channels,))
+    else:
+      bound = 1.0 / math.sqrt(width)
+      draw = lambda shape: jax.random.uniform(rngs.params(), shape, jnp.float32, -bound, bound)
+      taps = draw((width, channels))
+      b = draw((channels,)) if bias else None
+    self.taps = param(taps, ("conv", axis))
+    self.bias = nnx.data(param(jnp.asarray(b, jnp.float32), (axis,)) if bias else None)
+
+  def init_tail(self, batch_size: int, dtype=jnp.float32) -> jax.Array:
+    """The state before the first token: ``K − 1`` zero inputs ``[B, K − 1, C]``."""
+    return jnp.zeros((batch_size, self.width - 1, self.channels), dtype)
+
+  def scan(self, tail_BKC: Optional[jax.Array], x_BTC: jax.Array) -> tuple:
+    """``(tail [B, K − 1, C] or None for zeros, x [B, T, C]) -> (the last K − 1 inputs, y [B, T, C])``."""
+    K, T = self.width, x_BTC.shape[1]
+    w = self.taps[...].astype(x_BTC.dtype)
+    tail = jnp.zeros((x_BTC.shape[0], K - 1, x_BTC.shape[2]), x_BTC.dtype) if tail_BKC is None \
+        else tail_BKC.astype(x_BTC.dtype)
+    padded = jnp.concatenate([tail, x_BTC], axis=1)
+    y = w[K - 1][None, None] * x_BTC
+    for j in range(1, K):  # taps, not time steps: the current token first, then 1, 2, .. back
+      y = y + w[K - 1 - j][None, None] * padded[:, K - 1 - j: K - 1 - j + T]
+    if self.bias is not None:
+      y = y + self.bias[...].astype(x_BTC.dtype)[None, None]
+    return padded[:, padded.shape[1] - (K - 1):], y
+
+  def __call__(self, x_BTC: jax.Array) -> jax.Array:
+    return self.scan(None, x_BTC)[1]
+
+  def step(self, tail_BKC: jax.Array, x_BC: jax.Array) -> tuple:
+    """One token: ``(tail [B, K − 1, C], x_t [B, C]) -> (tail, y_t [B, C])``."""
+    tail, y = self.scan(tail_BKC, x_BC[:, None])
+    return tail, y[:, 0]
 
 
 def count_params(model: nnx.Module) -> int:

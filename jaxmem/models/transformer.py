@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxmem.checks import check_config_ints, check_rank
-from jaxmem.models import mixers
+from jaxmem.models import bodies, mixers
+from jaxmem.models.bodies import BodyConfig
 from jaxmem.models.layers import FeedForward, embed, layer_norm, linear, positions, token_ids
 from jaxmem.models.mixers import MixerConfig, SoftmaxConfig
 from jaxmem.models.remat import check_remat_policy
@@ -31,10 +32,12 @@ MixerSpec = Union[MixerConfig, tuple]
 
 
 @dataclasses.dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(BodyConfig):
   """Architecture of :class:`TransformerLM`: body fields plus the token mixer.
 
   Attributes:
+    body: "transformer", the tag of this body in an LM config's ``model`` section (:mod:`jaxmem.models.bodies`;
+      not an argument).
     vocab_size: number of token ids (256 for bytes).
     d_model: residual width.
     n_layers: number of blocks.
@@ -61,8 +64,13 @@ class TransformerConfig:
     ffn: each block's second slot: "mlp" (the GELU feed-forward layer of width ``d_ff``), a mixer config
       (a second memory in the FFN's place: ``MatrixStateConfig()`` is UniMatrix's Recurrent-FFN-Hybrid,
       :func:`jaxmem.models.unimatrix.recurrent_ffn_hybrid`), or None (mixer-only blocks).
+    ngram_inputs: ``n ≥ 2`` adds to each position's embedding a learned function of its last ``n`` tokens'
+      embeddings, ``GELU(W [e_{t−n+1}; …; e_t] + b)`` (positions before the start read zeros): UniMatrix's
+      generic triple latent is ``n = 3`` (:func:`jaxmem.models.unimatrix.triple_latent`). 1: the embedding
+      alone.
   """
 
+  body: str = dataclasses.field(default="transformer", init=False)
   vocab_size: int = 256
   d_model: int = 128
   n_layers: int = 4
@@ -78,9 +86,15 @@ class TransformerConfig:
   output_dim: int = 0
   positions: str = "learned"
   ffn: Union[str, MixerConfig, None] = "mlp"
+  ngram_inputs: int = 1
 
   def __post_init__(self):
-    check_config_ints(self, ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"))
+    # a config file's dict form of the mixers (BodyConfig.from_dict): {"name": ...} or a list of them
+    if isinstance(self.mixer, Mapping):
+      object.__setattr__(self, "mixer", MixerConfig.from_dict(self.mixer))
+    elif isinstance(self.mixer, (list, tuple)) and any(isinstance(m, Mapping) for m in self.mixer):
+      object.__setattr__(self, "mixer", tuple(MixerConfig.from_dict(m) for m in self.mixer))
+    check_config_ints(self, ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "ngram_inputs"))
     check_config_ints(self, ("input_dim", "output_dim"), allow_zero=True)
     if self.d_model % self.n_heads:
       raise ValueError(
@@ -101,6 +115,9 @@ class TransformerConfig:
     if not (self.ffn in ("mlp", None) or isinstance(self.ffn, MixerConfig)):
       raise ValueError(f"TransformerConfig.ffn must be 'mlp', None or a mixer config (one of "
                        f"{mixers.names()}), got {self.ffn!r}.")
+    if self.ngram_inputs > 1 and self.input_dim:
+      raise ValueError(f"TransformerConfig.ngram_inputs={self.ngram_inputs} needs token inputs (input_dim=0), "
+                       f"got input_dim={self.input_dim}.")
     if self.n_layers % len(pattern):
       raise ValueError(f"TransformerConfig.mixer has {len(pattern)} entries, which must divide "
                        f"n_layers={self.n_layers} (one per layer, or a pattern repeated).")
@@ -168,6 +185,9 @@ class TransformerLM(nnx.Module):
                          embedding_init=nnx.initializers.normal(0.02))
     self.pos = nnx.data(
         positions(cfg.max_len, cfg.d_model, std=0.01, rngs=rngs) if cfg.positions == "learned" else None)
+    self.ngram = nnx.data(
+        linear(cfg.ngram_inputs * cfg.d_model, cfg.d_model, (None, "embed"), dtype=dt, rngs=rngs)
+        if cfg.ngram_inputs > 1 else None)
 
     def stack(mixer_cfg: MixerConfig, n: int) -> Block:  # n blocks with one mixer, stacked on axis 0
       @nnx.split_rngs(splits=n)
@@ -203,6 +223,10 @@ class TransformerLM(nnx.Module):
     if self.cfg.positions == "learned" and T > self.cfg.max_len:
       raise ValueError(f"`tokens` has length {T} > max_len={self.cfg.max_len}.")
     x = self.embed(tokens_BT)
+    if self.ngram is not None:  # [e_{t−n+1}; …; e_t], zeros before the start
+      n = self.cfg.ngram_inputs
+      window = [jnp.pad(x, ((0, 0), (j, 0), (0, 0)))[:, :T] for j in range(n - 1, 0, -1)] + [x]
+      x = x + jax.nn.gelu(self.ngram(jnp.concatenate(window, axis=-1)))
     if self.cfg.positions == "learned":
       x = x + self.pos[...][None, :T].astype(x.dtype)
     elif self.cfg.positions == "sinusoidal":
@@ -249,3 +273,6 @@ def sinusoidal_positions(length: int, dim: int) -> jax.Array:
   i = jnp.arange((dim + 1) // 2, dtype=jnp.float32)[None, :]
   angles = pos / jnp.power(10000.0, 2.0 * i / dim)
   return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)[:, :dim]
+
+
+bodies.register("transformer", TransformerConfig, TransformerLM)

@@ -7,6 +7,8 @@ import math
 from typing import Optional
 
 from jaxmem.checks import check_config_ints
+from jaxmem.models import bodies
+from jaxmem.models.bodies import BodyConfig
 from jaxmem.models.transformer import TransformerConfig
 
 
@@ -33,6 +35,8 @@ class TrainConfig:
     log_every: write a metrics row every this many steps.
     model_axis: size of the mesh's ``model`` axis (heads and FFN hidden units are split over it;
       :mod:`jaxmem.sharding`); the ``data`` axis takes the remaining devices. 1: data parallel only.
+    ponder_cost: ACT's ponder cost ``τ`` added to the loss (:func:`jaxmem.train.losses.with_ponder_cost`), for
+      models that report their ponder (``UniMatrixConfig(act=True)``); 0: none.
     tensorboard: also write the metrics rows' scalars (loss, lr, tokens/s, eval metrics) as TensorBoard
       events to ``workdir/tb`` (needs ``tensorboardX``: ``pip install 'jaxmem[tensorboard]'``).
   """
@@ -51,6 +55,7 @@ class TrainConfig:
   eval_every: int = 0
   log_every: int = 10
   model_axis: int = 1
+  ponder_cost: float = 0.0
   tensorboard: bool = False
 
   def __post_init__(self):
@@ -63,6 +68,7 @@ class TrainConfig:
     _finite(o, "b1", self.b1, 0.0, 1.0)
     _finite(o, "b2", self.b2, 0.0, 1.0)
     _finite(o, "grad_clip", self.grad_clip, 0.0)
+    _finite(o, "ponder_cost", self.ponder_cost, 0.0)
     if not isinstance(self.tensorboard, bool):
       raise ValueError(f"TrainConfig.tensorboard must be True or False, got {self.tensorboard!r}.")
     if self.warmup_steps > self.n_steps:
@@ -97,16 +103,33 @@ class DataConfig:
     check_config_ints(self, ("eval_max_windows",), allow_zero=True)
 
 
+BYTES = 256
+
+
 @dataclasses.dataclass(frozen=True)
 class LMConfig:
-  """A language-model run: model, data, training."""
+  """A byte language-model run: model, data, training.
 
-  model: TransformerConfig = TransformerConfig()
+  ``model`` is any registered body's config (:mod:`jaxmem.models.bodies`), tagged by its ``body`` field in the
+  dict form: ``TransformerConfig`` (the default; every mixer, the hybrid, the triple latent),
+  ``UniMatrixConfig``, ``DNCLMConfig``. Its vocabulary must hold the 256 byte values."""
+
+  model: BodyConfig = TransformerConfig()
   data: DataConfig = DataConfig()
   train: TrainConfig = TrainConfig()
 
   def __post_init__(self):
-    if self.data.seq_len > self.model.max_len:
+    if not isinstance(self.model, BodyConfig):
+      raise ValueError(f"LMConfig.model must be a model config (one of the bodies {bodies.names()}), "
+                       f"got {type(self.model).__name__}.")
+    where = f"model (body {self.model.body!r})"
+    if self.model.vocab_size < BYTES:
+      raise ValueError(f"{where}.vocab_size={self.model.vocab_size} cannot hold the {BYTES} byte values.")
+    if getattr(self.model, "input_dim", 0) or getattr(self.model, "output_dim", 0):
+      raise ValueError(f"{where}: a language model reads token ids and emits vocab_size logits; "
+                       f"input_dim and output_dim must be 0.")
+    max_len = getattr(self.model, "max_len", None)
+    if max_len is not None and self.data.seq_len > max_len:
       raise ValueError(
-          f"data.seq_len={self.data.seq_len} exceeds model.max_len={self.model.max_len}."
+          f"data.seq_len={self.data.seq_len} exceeds model.max_len={max_len}."
       )

@@ -21,10 +21,10 @@ from jaxmem import config_files, distributed
 from jaxmem import sharding as jaxmem_sharding
 from jaxmem.data import RandomWindows, eval_windows, load_corpus
 from jaxmem.data.corpora import Corpus
-from jaxmem.models.transformer import TransformerLM
+from jaxmem.models import bodies
 from jaxmem.train import loop
 from jaxmem.train.config import LMConfig
-from jaxmem.train.losses import LN2, lm_loss, token_nll
+from jaxmem.train.losses import LN2, lm_loss, token_nll, with_ponder_cost
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -120,7 +120,9 @@ def _check_saved_config(workdir: pathlib.Path, cfg: LMConfig) -> None:
 
 def train_lm(cfg, workdir, *, corpus: Optional[Corpus] = None, stop_after: Optional[int] = None,
              progress: bool = True, devices=None) -> loop.TrainResult:
-  """Trains the baseline byte LM; ``final_metrics`` gets ``val_bpb`` over the whole split."""
+  """Trains the byte LM of ``cfg.model`` (any registered body, :mod:`jaxmem.models.bodies`); ``final_metrics``
+  gets ``val_bpb`` over the whole split. ``cfg.train.ponder_cost > 0`` adds ACT's ponder cost (a model
+  that does not report its ponder raises ``ValueError`` at the first step)."""
   cfg = lm_config_from(cfg)
   workdir = loop.prepare_workdir(workdir)
   if corpus is None:  # before the first collective, so that a host without the corpus fails alone and fast
@@ -138,15 +140,17 @@ def train_lm(cfg, workdir, *, corpus: Optional[Corpus] = None, stop_after: Optio
     return {"val_bpb": r["bpb"]}
 
   task = loop.TrainTask(
-      init_model=lambda rngs: TransformerLM(cfg.model, rngs=rngs),
-      loss_fn=lm_loss, train_iter=train_iter, evaluate=evaluate,
+      init_model=lambda rngs: bodies.build(cfg.model, rngs=rngs),
+      loss_fn=with_ponder_cost(lm_loss, cfg.train.ponder_cost) if cfg.train.ponder_cost else lm_loss,
+      train_iter=train_iter, evaluate=evaluate,
   )
   return loop.train(task, cfg.train, workdir, stop_after=stop_after, progress=progress,
                     devices=devices)
 
 
 def load_trained_lm(workdir: str | os.PathLike, step: Optional[int] = None) -> tuple:
-  """(model, LMConfig, step) from a training workdir's config.json and latest checkpoint."""
+  """(model, LMConfig, step) from a training workdir's config.json and latest checkpoint (or ``step``), for
+  every body (:mod:`jaxmem.models.bodies`); the model is in eval mode (no dropout)."""
   workdir = pathlib.Path(workdir).expanduser().resolve()
   cfg_path = workdir / "config.json"
   if not cfg_path.exists():
@@ -157,7 +161,8 @@ def load_trained_lm(workdir: str | os.PathLike, step: Optional[int] = None) -> t
   step = ckpt.latest_step() if step is None else step
   if step is None:
     raise ValueError(f"`workdir` {str(workdir)!r} has no checkpoint yet.")
-  model = TransformerLM(cfg.model, rngs=nnx.Rngs(cfg.train.seed))
+  model = bodies.build(cfg.model, rngs=nnx.Rngs(cfg.train.seed))
+  model.eval()
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   tx = loop.make_optimizer(cfg.train)
   target = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}

@@ -101,7 +101,7 @@ def with_ponder_cost(loss_fn, tau: float):
   """``loss_fn`` plus ACT's ponder cost: ``loss + τ · mean_{b,t}(N + R)`` (Graves 2016, eq. 14, averaged
   over all positions, the loss's mask notwithstanding), for models called as
   ``model(x, return_aux=True) -> (logits, {"ponder": [B, T]})`` (:class:`~jaxmem.models.UniMatrixLM`;
-  without ACT the ponder is the constant ``n_steps``). The metrics add ``ponder``. ``tau`` ≥ 0 (Graves:
+  without ACT the ponder is the constant ``depth``). The metrics add ``ponder``. ``tau`` ≥ 0 (Graves:
   1e-3 to 1e-1); ``loss_fn`` must call the model once."""
   if isinstance(tau, bool) or not isinstance(tau, numbers.Real) or not 0 <= tau < math.inf:
     raise ValueError(f"`tau` must be a finite number >= 0, got {tau!r}.")

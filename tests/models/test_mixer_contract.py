@@ -5,7 +5,9 @@ Per mixer and each config of its ``examples()`` (which between them build every 
 float32): built by name; ``[B, T, d] -> [B, T, d]`` in the input's dtype; causal (one Jacobian: output
 ``(b, t)`` never depends on input ``(c, s)`` with ``c ≠ b`` or ``s > t``); one compiled program for every
 instance of the config; every parameter carries logical axes; its state size is a positive int, equal to what
-``init_state`` holds; and, where the mixer decodes, ``step`` token by token equals the sequence call."""
+``init_state`` holds; where the mixer decodes, ``step`` token by token equals the sequence call; and, for a
+``QKVMixer``, its ``kernel`` on one batch row and head alone equals that row and head of the full read (what
+running it per device under ``map_heads`` needs)."""
 
 import dataclasses
 
@@ -82,9 +84,49 @@ def test_mixer_contract(name, example):
   if module_cls.decodes():
     state = mixer.init_state(1, T)
     assert sum(np.size(leaf) for leaf in jax.tree.leaves(state)) == size(T), name
-    ys = np.asarray(decode(mixer, x)[0])
+    ys, final = decode(mixer, x)
     # two float32 evaluation orders of the same recurrence: rounding relative to the output's scale
-    np.testing.assert_allclose(ys, np.asarray(y), rtol=1e-4, atol=1e-5 * float(np.abs(y).max()), err_msg=name)
+    tol = dict(rtol=1e-4, atol=1e-5 * float(np.abs(y).max()), err_msg=name)
+    np.testing.assert_allclose(np.asarray(ys), np.asarray(y), **tol)
+    if module_cls.scans():   # the sequence form from a state: a prefix, then the rest from its state
+      split = _scan_split(mixer, x)
+      np.testing.assert_allclose(np.asarray(split[1]), np.asarray(y), **tol)
+      for a, b in zip(jax.tree.leaves(split[0]), jax.tree.leaves(final), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4,
+                                   atol=1e-5 * float(np.abs(np.asarray(b)).max()), err_msg=name)
+  else:
+    assert not module_cls.scans(), f"{name}: scan without init_state / step"
+
+
+@nnx.jit
+def _scan_split(mixer, x_BTD):
+  """``scan`` over the first 3 tokens from ``init_state``, then over the rest from the state it returned:
+  ``(final state, y)``."""
+  state, y1 = mixer.scan(mixer.init_state(x_BTD.shape[0], x_BTD.shape[1]), x_BTD[:, :3])
+  state, y2 = mixer.scan(state, x_BTD[:, 3:])
+  return state, jnp.concatenate([y1, y2], axis=1)
+
+
+QKV_CASES = [(n, i) for n, i in CASES if issubclass(mixers.lookup(n)[1], mixers.QKVMixer)]
+
+
+@pytest.mark.parametrize("name, example", QKV_CASES)
+def test_qkv_kernel_computes_each_head_and_batch_row_alone(name, example):
+  """A QKVMixer's ``kernel`` runs on one device's block of batch rows and heads under a mesh (the base class's
+  map_heads): on the last batch row and head alone it gives that row and head of the full read, and its
+  ``gates`` are per token and head."""
+  mixer = _build(mixers.lookup(name)[0].examples()[example])
+  x, _ = _inputs(0)
+  q, k, v = mixer.heads(x)
+  gates = mixer.gates(x)
+  for g, a in gates.items():
+    assert a is None or (a.ndim in (3, 4) and a.shape[:3] == (B, T, H)), (name, g, np.shape(a))
+  block = lambda a: None if a is None else a[B - 1:, :, H - 1:]
+  full = np.asarray(mixer.kernel(q, k, v, **gates))
+  alone = np.asarray(mixer.kernel(block(q), block(k), block(v), **{g: block(a) for g, a in gates.items()}))
+  assert full.shape[:3] == (B, T, H), (name, full.shape)
+  # the same per-head arithmetic on fewer rows: equal up to float32 rounding of a differently batched matmul
+  np.testing.assert_allclose(alone, block(full), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_base_class_says_what_a_mixer_without_decoding_lacks():

@@ -93,7 +93,7 @@ def params_of(m: Mamba2) -> dict:
   f64 = lambda v: np.asarray(v[...], np.float64)
   p = {name: f64(getattr(m, name).kernel) for name in ("in_z", "in_x", "in_B", "in_C", "in_dt", "out")}
   for name in ("conv_x", "conv_B", "conv_C"):
-    p[f"{name}_kernel"], p[f"{name}_bias"] = f64(getattr(m, name).kernel), f64(getattr(m, name).bias)
+    p[f"{name}_kernel"], p[f"{name}_bias"] = f64(getattr(m, name).taps), f64(getattr(m, name).bias)
   p.update({name: f64(getattr(m, name)) for name in ("dt_bias", "A_log", "D", "norm")})
   return p
 
@@ -207,14 +207,14 @@ def test_transformer_lm_builds_runs_and_differentiates(mixer):
 EXPECTED_AXES = {
     "in_z/kernel": ("embed", "heads"), "in_x/kernel": ("embed", "heads"), "in_dt/kernel": ("embed", "heads"),
     "in_B/kernel": ("embed", "state"), "in_C/kernel": ("embed", "state"),
-    "conv_x/kernel": ("conv", "heads"), "conv_x/bias": ("heads",),
-    "conv_B/kernel": ("conv", "state"), "conv_B/bias": ("state",),
-    "conv_C/kernel": ("conv", "state"), "conv_C/bias": ("state",),
+    "conv_x/taps": ("conv", "heads"), "conv_x/bias": ("heads",),
+    "conv_B/taps": ("conv", "state"), "conv_B/bias": ("state",),
+    "conv_C/taps": ("conv", "state"), "conv_C/bias": ("state",),
     "dt_bias": ("heads",), "A_log": ("heads",), "D": ("heads",), "norm": ("heads",),
     "out/kernel": ("heads", "embed"),
 }
-DECAYED = {"in_z/kernel", "in_x/kernel", "in_dt/kernel", "in_B/kernel", "in_C/kernel", "conv_x/kernel",
-           "conv_B/kernel", "conv_C/kernel", "out/kernel"}
+DECAYED = {"in_z/kernel", "in_x/kernel", "in_dt/kernel", "in_B/kernel", "in_C/kernel", "conv_x/taps",
+           "conv_B/taps", "conv_C/taps", "out/kernel"}
 
 
 def test_every_parameter_carries_logical_axes_and_only_matrices_decay():
@@ -241,8 +241,9 @@ def test_initialisation_follows_mamba2():
   assert np.all((minus_A >= 2.0 - 1e-5) & (minus_A <= 3.0 + 1e-5)), minus_A
   assert np.all(np.asarray(m.D[...]) == 1.0) and np.all(np.asarray(m.norm[...]) == 1.0)
   for conv in (m.conv_x, m.conv_B, m.conv_C):
-    assert np.all(np.abs(np.asarray(conv.kernel[...])) <= 1 / math.sqrt(3))
-    assert conv.kernel.shape[0] == 3
+    assert np.all(np.abs(np.asarray(conv.taps[...])) <= 1 / math.sqrt(3))
+    assert np.all(np.abs(np.asarray(conv.bias[...])) <= 1 / math.sqrt(3))
+    assert conv.taps.shape[0] == 3
   floored = Mamba2(SSDConfig(dt_min=1e-6, dt_max=2e-6, dt_init_floor=1e-3), d_model=8, n_heads=2, n_layers=1,
                    dtype="float32", rngs=nnx.Rngs(0))
   np.testing.assert_allclose(np.logaddexp(0.0, np.asarray(floored.dt_bias[...], np.float64)), 1e-3, rtol=1e-4)

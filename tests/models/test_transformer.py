@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 from jaxmem.models import AssocConfig, SoftmaxConfig, TransformerConfig, TransformerLM, count_params
+from jaxmem.models.layers import CausalConv
 from jaxmem.train.losses import token_nll
 from tests.models.jitted import assert_causal, forward, logit_jacobian
 
@@ -102,28 +103,40 @@ def test_bad_config_raises(kw, match):
 MIXERS = {"softmax": SoftmaxConfig, "assoc": lambda **kw: AssocConfig(rule="delta", key_norm=True, **kw)}
 
 
-@nnx.jit
-def _conv_and_kernel_grad(conv, x, c):
-  return conv(x), nnx.grad(lambda m: (m(x) * c).sum())(conv)
-
-
-def test_short_conv_matches_a_numpy_loop_values_and_gradients():
-  from jaxmem.models.mixers import ShortConv
-  conv = ShortConv(3, 5, rngs=nnx.Rngs(0))
-  w = np.asarray(jax.random.normal(jax.random.key(0), (3, 5)), np.float64)
-  conv.kernel[...] = jnp.asarray(w, jnp.float32)
+@pytest.mark.parametrize("bias", [False, True])
+def test_causal_conv_matches_a_numpy_loop_values_gradients_and_state(bias):
+  """``y_t = b + Σ_j w_j ⊙ x_{t−K+1+j}`` (PyTorch's Conv1d order: the last tap on the current token) written out
+  in float64, values and gradients w.r.t. taps and bias; the sequence split in two (``scan`` from the tail the
+  first part left) and token by token (``step``) give the same."""
+  conv = CausalConv(3, 5, bias=bias, init="uniform", rngs=nnx.Rngs(0))
+  w = np.asarray(conv.taps[...], np.float64)
+  b = np.asarray(conv.bias[...], np.float64) if bias else np.zeros(5)
   x = np.asarray(jax.random.normal(jax.random.key(1), (2, 7, 5)), np.float64)
-  ref = np.zeros_like(x)
+  ref = np.zeros_like(x) + b
   for t in range(7):
     for j in range(3):
-      if t - j >= 0:
-        ref[:, t] += w[j] * x[:, t - j]
-  # d sum(y * c) / dw_j = Σ_t c_t ⊙ x_{t−j}
+      if t - 2 + j >= 0:
+        ref[:, t] += w[j] * x[:, t - 2 + j]
   c = np.asarray(jax.random.normal(jax.random.key(2), (2, 7, 5)), np.float64)
-  y, g = _conv_and_kernel_grad(conv, jnp.asarray(x, jnp.float32), jnp.asarray(c, jnp.float32))
+  y, g, y_split, y_steps = _conv_and_grad(conv, jnp.asarray(x, jnp.float32), jnp.asarray(c, jnp.float32))
+  # float32 sums of 3 (+ bias) products of unit-size numbers: a few ulps of the largest term
   np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
-  ref_g = np.stack([(c[:, j:] * x[:, :7 - j]).sum(axis=(0, 1)) for j in range(3)])
-  np.testing.assert_allclose(g["kernel"][...], ref_g, rtol=1e-4, atol=1e-4)
+  # d sum(y * c) / dw_j = Σ_t c_t ⊙ x_{t−2+j}; d / db = Σ_t c_t: float32 sums of 14 products
+  ref_g = np.stack([(c[:, 2 - j:] * x[:, :7 - (2 - j)]).sum(axis=(0, 1)) for j in range(3)])
+  np.testing.assert_allclose(g["taps"][...], ref_g, rtol=1e-4, atol=1e-4)
+  if bias:
+    np.testing.assert_allclose(g["bias"][...], c.sum(axis=(0, 1)), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(y_split, y, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(y_steps, y, rtol=1e-6, atol=1e-6)
+
+
+@nnx.jit
+def _conv_and_grad(conv, x, c):
+  tail, y1 = conv.scan(None, x[:, :4])
+  _, y2 = conv.scan(tail, x[:, 4:])
+  _, ys = jax.lax.scan(lambda s, xt: conv.step(s, xt), conv.init_tail(x.shape[0]), jnp.moveaxis(x, 1, 0))
+  grad = nnx.grad(lambda m: (m(x) * c).sum())(conv)
+  return conv(x), grad, jnp.concatenate([y1, y2], 1), jnp.moveaxis(ys, 0, 1)
 
 
 @pytest.mark.parametrize("memory", ["softmax", "assoc"])
@@ -137,8 +150,8 @@ def test_short_conv_starts_as_the_identity(memory):
 def test_short_conv_model_is_causal_by_gradient(memory):
   model = make(mixer=MIXERS[memory](short_conv=3))
   # random taps so every tap carries gradient
-  kernel = model.blocks.attn.conv.kernel
-  kernel[...] = jax.random.normal(jax.random.key(5), kernel[...].shape)
+  taps = model.blocks.attn.conv.taps
+  taps[...] = jax.random.normal(jax.random.key(5), taps[...].shape)
   assert_causal(logit_jacobian(model, TOKENS, W_V), f"short conv {memory}")
 
 
@@ -150,9 +163,8 @@ def test_short_conv_must_be_non_negative():
 
 @pytest.mark.parametrize("width,channels,match", [(0, 4, "width"), (3, 0, "channels")])
 def test_short_conv_module_rejects_bad_sizes(width, channels, match):
-  from jaxmem.models.mixers import ShortConv
   with pytest.raises(ValueError, match=match):
-    ShortConv(width, channels, rngs=nnx.Rngs(0))
+    CausalConv(width, channels, rngs=nnx.Rngs(0))
 
 
 def test_the_ffn_slot_holds_the_mlp_another_mixer_or_nothing():

@@ -19,11 +19,11 @@ from jaxmem.experiments.unimatrix.common import three_token_typed_config
 from jaxmem.models import TransformerConfig, TransformerLM, UniMatrixConfig, UniMatrixLM, count_params
 from jaxmem.models.unimatrix import (
   VARIANTS,
-  TripleLatentConfig,
-  TripleLatentLM,
   TypedLatentCompressor,
   param_breakdown,
   recurrent_ffn_hybrid,
+  triple_latent,
+  triple_latent_params_from_legacy,
 )
 from jaxmem.models.unimatrix.hybrid import params_from_legacy as hybrid_params_from_legacy
 from jaxmem.models.unimatrix.model import _Inputs
@@ -31,7 +31,7 @@ from jaxmem.train.losses import recall_loss, with_ponder_cost
 from tests.models.jitted import assert_causal, forward, logits_and_aux, program_text
 
 V, T, t0 = 19, 11, 5   # vocabulary, length, the position whose logits are checked
-TINY = dict(vocab_size=V, d_model=16, n_heads=2, state_dim=5, max_len=16, n_steps=2, chunk_size=4)
+TINY = dict(vocab_size=V, d_model=16, n_heads=2, state_dim=5, max_len=16, depth=2, chunk_size=4)
 
 
 def tiny(variant="core", **kw) -> UniMatrixConfig:
@@ -51,7 +51,7 @@ def tokens(seed=1, B=2, n=T, vocab=V):
 CASES = [(v, {}) for v in VARIANTS] + [
     ("core", dict(act=True, deep_embed=True, rosa="automaton", step_embed=True, remat=True,
                   rosa_modulation="token", retention="channel")),
-    ("sparse_pointer", dict(act=True, write_gate=False, rosa="prev_token", mode="recurrent")),
+    ("sparse_pointer", dict(act=True, write_gate=False, rosa="bigram", mode="recurrent")),
     ("sparse_pointer", dict(slot_query="prev_token", slot_cos_scale=8.0, slot_merge="key_id")),
     ("core", dict(n_slots=4, pointer=True, write_gate=True, dense_memory=True, spectral_norm=True,
                   updates="hybrid",
@@ -122,13 +122,13 @@ def test_the_papers_carried_state_leaks_and_the_checks_catch_it(variant):
   x2 = x.at[:, t0 + 1:].set((x[:, t0 + 1:] + 1) % V)
   assert float(jnp.abs(forward(model, x2)[:, :t0 + 1] - forward(model, x)[:, :t0 + 1]).max()) > 1e-7
   # and with one depth step there is nothing to carry: causal again
-  _, J, seen = onehot_jacobian(UniMatrixLM(tiny(variant, carry_state=True, n_steps=1), rngs=nnx.Rngs(0)), x)
+  _, J, seen = onehot_jacobian(UniMatrixLM(tiny(variant, carry_state=True, depth=1), rngs=nnx.Rngs(0)), x)
   assert np.all(J[~seen] == 0.0)
 
 
 # configurations of CASES (their dropout-free forward is compiled there already): ACT with remat inside the
-# depth scan, the slot memory's dropout site, the assoc variant
-DROPOUT_CASES = [CASES[5], ("sparse_pointer", {}), ("assoc", {})]
+# depth scan, the slot memory's dropout site, the dense_memory variant
+DROPOUT_CASES = [CASES[5], ("sparse_pointer", {}), ("dense_memory", {})]
 
 
 @pytest.mark.parametrize("variant, kw", DROPOUT_CASES, ids=[_ids(c) for c in DROPOUT_CASES])
@@ -165,7 +165,7 @@ def _run_block_by_hand(model: UniMatrixLM, x_BT):
   """The documented body written out with a Python loop over depth (independent of the lax.scan)."""
   cfg = model.cfg
   h = model.embed(x_BT) + model.pos[...][None, :x_BT.shape[1]]
-  for n in range(cfg.n_steps):
+  for n in range(cfg.depth):
     if model.step_embed is not None:
       h = h + model.step_embed[...][n][None, None]
     h = model.block(h)
@@ -174,18 +174,18 @@ def _run_block_by_hand(model: UniMatrixLM, x_BT):
   return model.embed.attend(model.ln_f(h))
 
 
-@pytest.mark.parametrize("variant", ["core", "discovery", "assoc"])
+@pytest.mark.parametrize("variant", ["core", "discovery", "dense_memory"])
 @pytest.mark.slow
-def test_one_shared_block_applied_n_steps_times(variant):
+def test_one_shared_block_applied_depth_times(variant):
   kw = dict(rosa="none") if variant == "discovery" else {}
-  for n_steps in (1, 3):
-    model = UniMatrixLM(tiny(variant, n_steps=n_steps, **kw), rngs=nnx.Rngs(0))
+  for depth in (1, 3):
+    model = UniMatrixLM(tiny(variant, depth=depth, **kw), rngs=nnx.Rngs(0))
     x = tokens()
     # eager on purpose: the loop's block calls reuse one set of per-op programs, cheaper than two compiles
     np.testing.assert_allclose(np.asarray(model(x)), np.asarray(_run_block_by_hand(model, x)), rtol=2e-5,
                                atol=2e-6)
-  # depth shares parameters: only the step embeddings grow with n_steps
-  counts = [count_params(nnx.eval_shape(lambda n=n: UniMatrixLM(tiny(variant, n_steps=n, **kw),
+  # depth shares parameters: only the step embeddings grow with depth
+  counts = [count_params(nnx.eval_shape(lambda n=n: UniMatrixLM(tiny(variant, depth=n, **kw),
                                                                 rngs=nnx.Rngs(0)))) for n in (1, 4)]
   assert counts[1] - counts[0] == (3 * TINY["d_model"] if tiny(variant).step_embed else 0)
 
@@ -205,9 +205,9 @@ def _with_halting_bias(model: UniMatrixLM, bias: float) -> UniMatrixLM:
 
 def test_act_limits_are_one_step_and_all_steps():
   x = tokens()
-  plain = UniMatrixLM(tiny("core", n_steps=3), rngs=nnx.Rngs(0))  # same weights: the halting unit comes last
+  plain = UniMatrixLM(tiny("core", depth=3), rngs=nnx.Rngs(0))  # same weights: the halting unit comes last
   # p ≈ 1 at the first step: halt there with weight 1 -> exactly one block application
-  act = _with_halting_bias(UniMatrixLM(tiny("core", n_steps=3, act=True), rngs=nnx.Rngs(0)), 50.0)
+  act = _with_halting_bias(UniMatrixLM(tiny("core", depth=3, act=True), rngs=nnx.Rngs(0)), 50.0)
   logits, aux = _forward_aux(act, x)
   np.testing.assert_allclose(np.asarray(logits), np.asarray(_one_block(act, x)), rtol=2e-5, atol=2e-6)
   np.testing.assert_allclose(np.asarray(aux["ponder"]), 2.0, atol=1e-6)   # N + R = 1 + 1
@@ -219,7 +219,7 @@ def test_act_limits_are_one_step_and_all_steps():
 
 
 def test_act_weights_sum_to_one_and_ponder_is_bounded():
-  model = UniMatrixLM(tiny("core", n_steps=4, act=True, act_threshold=0.9), rngs=nnx.Rngs(0))
+  model = UniMatrixLM(tiny("core", depth=4, act=True, act_threshold=0.9), rngs=nnx.Rngs(0))
   model.halt.bias[...] = jnp.full_like(model.halt.bias[...], -0.5)  # p ≈ 0.38: halts at step 3
   x = tokens()
   _, aux = _forward_aux(model, x)
@@ -248,7 +248,7 @@ def _ponder_sgd_step(graphdef, params, rest, batch):
 def test_ponder_cost_is_the_loss_plus_tau_mean_ponder_and_training_it_halts_earlier():
   """with_ponder_cost(recall_loss, τ) = recall_loss + τ·mean(N + R) (Graves 2016, eq. 14); its gradient reaches
   the halting unit, and descending it alone lowers the mean ponder."""
-  model = UniMatrixLM(tiny("core", n_steps=3, act=True), rngs=nnx.Rngs(0))
+  model = UniMatrixLM(tiny("core", depth=3, act=True), rngs=nnx.Rngs(0))
   x = tokens()
   batch = {"inputs": x, "targets": (x + 1) % V, "mask": jnp.ones(x.shape)}
   base, m0 = _recall_loss(model, batch)
@@ -356,7 +356,7 @@ def test_slot_merge_by_key_id_keeps_tokens_with_equal_embeddings_apart():
 
 # --- sizes ---------------------------------------------------------------------------------
 
-PAPER = dict(vocab_size=259, d_model=64, n_steps=3, n_heads=4, state_dim=16, max_len=128)
+PAPER = dict(vocab_size=259, d_model=64, depth=3, n_heads=4, state_dim=16, max_len=128)
 
 
 def test_pinned_interface_and_paper_sizes():
@@ -379,7 +379,8 @@ def test_parameter_counts_at_the_papers_sizes():
   counts = {v: count_params(abstract(lambda v=v: UniMatrixLM(UniMatrixConfig(variant=v, **PAPER),
                                                              rngs=nnx.Rngs(0)))) for v in VARIANTS}
   assert counts["core"] == _core_closed_form(259, 64, 4, 16, 128, 256) == 79_300
-  # ROSA adds a 259 × 64 previous-token table and the 64 → 64 modulation: 20,736, the paper's difference too
+  # ROSA adds the 259 × 64 table E_rosa (rosa="bigram") and the 64 → 64 modulation: 20,736, the paper's
+  # difference too
   assert counts["rosa"] - counts["core"] == 259 * 64 + 64 * 64 + 64 == 103_876 - 83_140
   # the remaining 3,840 = the paper's retention gate being per channel (64 → 64, no bias, + 4 per-head
   # scalars) where ours is one scalar per head (64 → 4 + 4 biases), which the decay rule's kernel needs
@@ -389,7 +390,7 @@ def test_parameter_counts_at_the_papers_sizes():
                                                rngs=nnx.Rngs(0)))
   # the paper's Transformer has biases on q, k, v and the output projection: 3 layers × (192 + 64)
   assert 174_848 - count_params(transformer) == 3 * (3 * 64 + 64) == 768
-  assert counts == {"core": 79_300, "rosa": 100_036, "discovery": 125_136, "assoc": 99_972,
+  assert counts == {"core": 79_300, "rosa": 100_036, "discovery": 125_136, "dense_memory": 99_972,
                     "sparse_pointer": 92_038}
   core = abstract(lambda: UniMatrixLM(UniMatrixConfig(**PAPER), rngs=nnx.Rngs(0)))
   assert sum(param_breakdown(core).values()) == 79_300
@@ -436,7 +437,7 @@ def test_rosa_modulation_is_conditioned_on_the_rosa_row_or_the_current_token():
     (dict(n_heads=3), "n_heads=3 must divide d_model"),
     (dict(state_dim=65), "state_dim=65 must be at most d_model"),
     (dict(state_dim=0), "state_dim must be a positive integer"),
-    (dict(n_steps=0), "n_steps must be a positive integer"),
+    (dict(depth=0), "depth must be a positive integer"),
     (dict(rosa="suffix"), "rosa must be one of"),
     (dict(updates="diag"), "updates must be one of"),
     (dict(retention="row"), "retention must be one of"),
@@ -461,6 +462,13 @@ def test_rosa_modulation_is_conditioned_on_the_rosa_row_or_the_current_token():
 def test_bad_configs_raise(kw, match):
   with pytest.raises(ValueError, match=match):
     UniMatrixConfig(**{**PAPER, **kw})
+
+
+@pytest.mark.parametrize("kw, new", [(dict(variant="assoc"), '"dense_memory"'),
+                                     (dict(rosa="prev_token"), '"bigram"')])
+def test_renamed_values_raise_naming_the_new_ones(kw, new):
+  with pytest.raises(ValueError, match=f"was renamed to {new}"):
+    UniMatrixConfig(**kw)
 
 
 def test_bad_inputs_raise():
@@ -516,8 +524,8 @@ def test_recurrent_ffn_hybrid_is_causal_and_sized():
 
 
 def test_triple_latent_lm_is_causal():
-  model = TripleLatentLM(TripleLatentConfig(vocab_size=V, d_model=16, n_layers=1, n_heads=2, state_dim=8,
-                                            max_len=16), rngs=nnx.Rngs(0))
+  model = TransformerLM(triple_latent(vocab_size=V, d_model=16, n_layers=1, n_heads=2, state_dim=8, max_len=16),
+                        rngs=nnx.Rngs(0))
   x = tokens()
   y = forward(model, x)
   x2 = x.at[:, t0 + 1:].set((x[:, t0 + 1:] + 1) % V)
@@ -561,3 +569,17 @@ def test_recurrent_ffn_hybrid_legacy_parameters_load_into_the_body():
   assert jax.tree.structure(hybrid_params_from_legacy(legacy)) == jax.tree.structure(body)
   with pytest.raises(ValueError, match="blocks/memory"):
     hybrid_params_from_legacy(body)
+
+
+def test_triple_latent_legacy_paths_map_onto_the_body():
+  """The former ``TripleLatentLM``'s parameter paths (written out here) convert to the body's."""
+  model = nnx.eval_shape(lambda: TransformerLM(triple_latent(vocab_size=V, d_model=16, n_layers=1, n_heads=2,
+                                                             state_dim=8, max_len=16), rngs=nnx.Rngs(0)))
+  body = nnx.state(model, nnx.Param).to_pure_dict()
+  b = body["blocks"]
+  legacy = {"embed": body["embed"], "ln_f": body["ln_f"], "triple": body["ngram"],
+            "blocks": {"ln1": b["ln1"], "ln2": b["ln2"], "mixer": b["attn"], "up": b["ffn"]["up"],
+                       "down": b["ffn"]["down"]}}
+  assert jax.tree.structure(triple_latent_params_from_legacy(legacy)) == jax.tree.structure(body)
+  with pytest.raises(ValueError, match="'triple' and 'blocks/mixer'"):
+    triple_latent_params_from_legacy(body)

@@ -2,7 +2,8 @@
 with 2 fake CPU devices). For each mixer (the first and last of its config's ``examples()``), a 2-layer
 TransformerLM's loss and gradient on a ``(data=1, model=2)`` mesh (parameters laid out by their logical axes,
 the memory kernels run per device on their heads) and on one device; saves the largest difference, the
-per-device shapes of the mixer's parameters and the layout table."""
+per-device shapes of the mixer's parameters, the layout table and whether the sharded program runs its
+kernel inside ``jax.shard_map`` (:func:`jaxmem.sharding.map_heads`)."""
 
 from __future__ import annotations
 
@@ -43,14 +44,20 @@ def main(out: str) -> None:
     psh = sharding.state_shardings(p, mesh)
     f = jax.jit(loss_and_grad, in_shardings=(psh, NamedSharding(mesh, P())), out_shardings=(None, psh))
     with jax.set_mesh(mesh):
-      sharded = f(jax.device_put(p, psh), batch)
+      # traced once: the jaxpr says whether the kernels run per device (map_heads -> jax.shard_map), and the
+      # same trace is lowered and compiled (no second trace or compile for the check)
+      p_sharded = jax.device_put(p, psh)
+      traced = f.trace(p_sharded, batch)
+      per_device = "shard_map" in str(traced.jaxpr)
+      sharded = traced.lower().compile()(p_sharded, batch)
     diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded), strict=True))
     leaves = jax.tree_util.tree_leaves_with_path(sharded[1])
     shapes = {sharding.path_str(path): [list(x.shape), list(x.addressable_shards[0].data.shape)]
               for path, x in leaves if "/attn/" in sharding.path_str(path)}
     results[f"{name}/{example}"] = {"max_abs_diff": diff, "scale": float(np.abs(np.asarray(single[0]))),
-                                    "shapes": shapes, "layout": sharding.layout_table(p, mesh)}
+                                    "shapes": shapes, "layout": sharding.layout_table(p, mesh),
+                                    "shard_map": per_device}
   with open(out, "w") as fh:
     json.dump(results, fh)
 

@@ -31,7 +31,7 @@ def make_model(name: str, rngs: nnx.Rngs, dtype: str = "float32") -> nnx.Module:
                                            max_len=T, mixer=AssocConfig(rule="delta", chunk_size=4)), rngs=rngs)
   if name == "unimatrix":
     return UniMatrixLM(UniMatrixConfig(variant="core", vocab_size=VOCAB, d_model=32, n_heads=4, state_dim=8,
-                                       n_steps=2, max_len=T, d_ff=48), rngs=rngs)
+                                       depth=2, max_len=T, d_ff=48), rngs=rngs)
   raise ValueError(name)
 
 

@@ -175,8 +175,8 @@ def test_8_devices_equal_one_device_data2_model4_and_data8(synthetic_data_dir, t
 @pytest.mark.slow
 def test_every_mixer_splits_its_heads_on_a_model_axis_of_2_and_computes_as_one_device(tmp_path):
   """Each registered mixer, laid out by its parameters' logical axes alone (jaxmem.sharding): a 2-layer LM's
-  loss and gradient on a (data=1, model=2) mesh of 2 fake CPU devices equal one device's, and some of its
-  parameters really are split in half."""
+  loss and gradient on a (data=1, model=2) mesh of 2 fake CPU devices equal one device's, its kernel runs per
+  device (inside jax.shard_map), and some of its parameters really are split in half."""
   out = tmp_path / "mixers.json"
   env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, "-m", "tests.train.sharded_mixers", str(out)], cwd=REPO, env=env,
@@ -188,6 +188,9 @@ def test_every_mixer_splits_its_heads_on_a_model_axis_of_2_and_computes_as_one_d
   for name, res in results.items():
     # float32 sums regrouped across two devices: a few ulps of the loss's scale
     assert res["max_abs_diff"] <= 1e-5 * max(1.0, res["scale"]), (name, res["max_abs_diff"])
+    # the per-head kernel runs per device (map_heads: QKVMixer's for every QKV mixer, the others' own), not
+    # left to GSPMD, which all-gathers heads inside scans over time
+    assert res["shard_map"], f"{name}: its kernel does not run under jax.shard_map (jaxmem.sharding.map_heads)"
     split = [p for p, (full, local) in res["shapes"].items() if full != local]
     assert split, f"{name}: no parameter of its mixer is split over the model axis\n{res['layout']}"
     for p in split:

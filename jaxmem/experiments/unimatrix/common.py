@@ -15,11 +15,10 @@ from flax import nnx
 from jaxmem.models import TransformerLM, UniMatrixConfig, UniMatrixLM, count_params
 from jaxmem.models.unimatrix import (
   VARIANTS,
-  TripleLatentConfig,
-  TripleLatentLM,
   TypedLatentCompressor,
   TypedLatentConfig,
   recurrent_ffn_hybrid,
+  triple_latent,
 )
 from jaxmem.models.unimatrix.baselines import matched_transformer, paper_transformer_config
 from jaxmem.results import pyplot
@@ -29,11 +28,11 @@ from jaxmem.train.losses import recall_loss
 from jaxmem.train.recall import recall_train_config
 
 # the paper's sizes (docs/papers/unimatrix.md): d_model 64, 3 shared steps, 4 heads, state 16
-PAPER_SIZES = dict(d_model=64, n_steps=3, n_heads=4, state_dim=16)
+PAPER_SIZES = dict(d_model=64, depth=3, n_heads=4, state_dim=16)
 LABELS = {"transformer": "Transformer", "transformer_matched": "Transformer (equal params)",
           "core": "UniMatrix-Core", "core_carry_state": "UniMatrix-Core, state carried across depth (leaks)",
           "rosa": "UniMatrix-ROSA", "discovery": "UniMatrix-Discovery",
-          "assoc": "UniMatrix-Assoc", "sparse_pointer": "UniMatrix-SparsePointer",
+          "dense_memory": "UniMatrix-Assoc", "sparse_pointer": "UniMatrix-SparsePointer",
           "sparse_pointer_dropout": "UniMatrix-SparsePointer, dropout 0.1",
           "hybrid": "Recurrent-FFN-Hybrid", "typed_latent": "Typed-Latent",
           "triple_latent": "generic triple-latent"}
@@ -71,9 +70,9 @@ def model_factory(name: str, *, vocab_size: int, max_len: int, **options) -> Cal
     tcfg = three_token_typed_config()
     return lambda rngs: TypedLatentCompressor(tcfg, rngs=rngs)
   if name == "triple_latent":
-    gcfg = TripleLatentConfig(vocab_size=vocab_size, max_len=max_len, d_model=64, n_layers=2, n_heads=4,
-                              state_dim=16)
-    return lambda rngs: TripleLatentLM(gcfg, rngs=rngs)
+    gcfg = triple_latent(vocab_size=vocab_size, max_len=max_len, d_model=64, n_layers=2, n_heads=4,
+                         state_dim=16)
+    return lambda rngs: TransformerLM(gcfg, rngs=rngs)
   if name == "core_carry_state":   # the released code's future-token leak, to measure what it is worth
     name, options = "core", {**options, "carry_state": True}
   if name == "sparse_pointer_dropout":   # the paper's 75.6% recall row

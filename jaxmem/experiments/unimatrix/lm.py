@@ -14,7 +14,7 @@ is causal and is run twice:
   the same batches, validation bits per byte every ``eval_every`` steps, against the paper's
   Transformer and a Transformer with Core's parameter count.
 
-``triple_latent`` is the generic triple-latent model (:class:`~jaxmem.models.unimatrix.TripleLatentLM`: each
+``triple_latent`` is the generic triple-latent model (:func:`~jaxmem.models.unimatrix.triple_latent`: each
 position's latent a learned function of its last three bytes, then two matrix-state blocks), ``hybrid`` the
 Recurrent-FFN-Hybrid. The paper column gives the paper's WikiText-2 numbers in every corpus's table
 (comparable with the paper-recipe column on WikiText-2 only).
@@ -152,9 +152,8 @@ def run(ctx: RunContext, s: LMSettings) -> ExperimentResult:
             "Transformer (equal params): the Transformer of width 64 whose size is closest to Core's "
             "(jaxmem.models.unimatrix.baselines.matched_transformer: 1–4 layers, any FFN width).",
             "Matched budget means equal steps, batches and tokens, one learning rate for every model (no "
-            "per-model sweep); UniMatrix applies its block n_steps times per token, so its compute per step is "
-            "not matched "
-            "(see `jaxmem bench unimatrix` for time)."]
+            "per-model sweep); UniMatrix applies its block `depth` times per token, so its compute per step "
+            "is not matched (see `jaxmem bench unimatrix` for time)."]
   first = metrics[ran[0]]
   best = min(s.models, key=lambda n: first[n]["final_bpb"])
   return ExperimentResult(summary=f"{ran[0]}: best {LABELS[best]} {first[best]['final_bpb']:.3f} bpb after "

@@ -3,10 +3,10 @@
 Task (``jaxmem.tasks.unimatrix.recall_batch``; ``docs/papers/unimatrix.md``): vocabulary 64,
 ``[BOS] + [k v SEP] × P + filler + [QUERY k_q ANSWER]``, length 128, loss and accuracy at the
 last position only; chance 1/8, "one of the values present" 1/P. Paper (P = 4): Transformer
-25.4%; Core / ROSA / Discovery 12.9–13.7%; Assoc 26.5%; SparsePointer 75.6% (dropout 0.1) and
-99.2% (no dropout). Ablation at 4 / 6 / 8 pairs: 4–8 slots ≈ 12.5%; 16 slots 24.2 / 17.5 / 13.6;
-32 slots without pointer 95.7 / 90.3 / 86.6; 32 + pointer 98.9 / 98.3 / 97.9; 32 + pointer, no
-write gate 100 / 100 / 100.
+25.4%; Core / ROSA / Discovery 12.9–13.7%; Assoc (here ``dense_memory``) 26.5%; SparsePointer 75.6%
+(dropout 0.1) and 99.2% (no dropout). Ablation at 4 / 6 / 8 pairs: 4–8 slots ≈ 12.5%; 16 slots
+24.2 / 17.5 / 13.6; 32 slots without pointer 95.7 / 90.3 / 86.6; 32 + pointer 98.9 / 98.3 / 97.9;
+32 + pointer, no write gate 100 / 100 / 100.
 
 Every model here is at the paper's sizes (d 64, 3 shared steps, 4 heads, state 16; the
 Transformer 3 layers), trained with the same optimiser, steps and batches, once per seed (the
@@ -51,7 +51,7 @@ from jaxmem.train.loop import apply_model
 
 EVAL_SEED, EVAL_BATCH = 1_000_000, 64
 PAPER_TABLE = {"transformer": "25.4", "core": "12.9–13.7", "rosa": "12.9–13.7", "discovery": "12.9–13.7",
-               "assoc": "26.5", "sparse_pointer": "99.2", "sparse_pointer_dropout": "75.6"}
+               "dense_memory": "26.5", "sparse_pointer": "99.2", "sparse_pointer_dropout": "75.6"}
 # the paper's ablation: (slots, pointer, write gate) -> accuracy at 4 / 6 / 8 pairs
 PAPER_ABLATION = {(4, True, True): "≈12.5", (8, True, True): "≈12.5", (16, True, True): "24.2 / 17.5 / 13.6",
                   (32, False, True): "95.7 / 90.3 / 86.6", (32, True, True): "98.9 / 98.3 / 97.9",

@@ -34,7 +34,7 @@ for _m in pkgutil.iter_modules(__path__):  # each mixer module registers itself
 from jaxmem.models.mixers.ahat import AHATAttention, AHATConfig  # noqa: E402
 from jaxmem.models.mixers.assoc import AssocConfig, AssociativeMemory  # noqa: E402
 from jaxmem.models.mixers.matrix_state import MatrixStateConfig, MatrixStateMixer  # noqa: E402
-from jaxmem.models.mixers.qkv import QKVMixer, ShortConv  # noqa: E402
+from jaxmem.models.mixers.qkv import QKVMixer  # noqa: E402
 from jaxmem.models.mixers.sdnc import SDNCConfig, SDNCHybrid, SDNCHybridConfig, SDNCRead  # noqa: E402
 from jaxmem.models.mixers.softmax import SoftmaxAttention, SoftmaxConfig  # noqa: E402
 from jaxmem.models.mixers.ssd import Mamba2, SSDConfig  # noqa: E402
@@ -43,6 +43,6 @@ from jaxmem.models.mixers.topk_memory import TopKMemory, TopKMemoryConfig  # noq
 __all__ = [
     "REGISTRY", "AHATAttention", "AHATConfig", "AssocConfig", "AssociativeMemory", "Mamba2",
     "MatrixStateConfig", "MatrixStateMixer", "Mixer", "MixerConfig", "QKVMixer", "SDNCConfig", "SDNCHybrid",
-    "SDNCHybridConfig", "SDNCRead", "SSDConfig", "ShortConv", "SoftmaxAttention", "SoftmaxConfig", "TopKMemory",
+    "SDNCHybridConfig", "SDNCRead", "SSDConfig", "SoftmaxAttention", "SoftmaxConfig", "TopKMemory",
     "TopKMemoryConfig", "build", "default_dict", "lookup", "names", "register",
 ]

@@ -71,7 +71,7 @@ class AHATAttention(QKVMixer):
   parameters.
   """
 
-  def read(self, x_BTD, q, k, v):
+  def kernel(self, q, k, v):
     c = self.cfg
     if c.beta is None:
       return ahat_attention(q, k, v, causal=True, tol=c.tol, precision=c.precision)

@@ -22,7 +22,6 @@ from jaxmem.kernels.feature_maps import FEATURE_MAPS, feature_map, feature_width
 from jaxmem.kernels.precision import PRECISIONS
 from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv, qkv_state_floats
 from jaxmem.models.mixers.registry import MixerConfig, register
-from jaxmem.sharding import HEADS_BTH, HEADS_BTHK, map_heads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +97,15 @@ class AssociativeMemory(QKVMixer):
     self.beta = self.gate(H, jnp.zeros((H,)), rngs) if cfg.rule in ERASE_RULES else None
     self.decay = self.gate(H, jnp.full((H,), 3.0), rngs) if cfg.rule in DECAY_RULES else None
 
-  def read(self, x_BTD, q, k, v):
+  def gates(self, x_BTD):
+    """β ``[B, T, H]`` and log γ ``[B, T, H]`` (None where the rule has none)."""
+    beta = None if self.beta is None else jax.nn.sigmoid(self.beta(x_BTD).astype(jnp.float32))
+    # log γ = log σ(z): finite for every finite z (σ(z) itself underflows to 0 below z ≈ −88)
+    log_decay = None if self.decay is None else jax.nn.log_sigmoid(self.decay(x_BTD).astype(jnp.float32))
+    return {"beta": beta, "log_decay": log_decay}
+
+  def kernel(self, q, k, v, *, beta, log_decay):
+    # the feature map and the L2 normalisation act on each head's vectors alone: per-head arithmetic too
     cfg = self.cfg
     phi = feature_map(cfg.feature_map)
     q, k = phi(q), phi(k)
@@ -107,14 +114,8 @@ class AssociativeMemory(QKVMixer):
         v = l2_normalize(v)
       else:
         k = l2_normalize(k)
-    beta = None if self.beta is None else jax.nn.sigmoid(self.beta(x_BTD).astype(jnp.float32))
-    # log γ = log σ(z): finite for every finite z (σ(z) itself underflows to 0 below z ≈ −88)
-    log_decay = None if self.decay is None else jax.nn.log_sigmoid(self.decay(x_BTD).astype(jnp.float32))
-    def kernel(q, k, v, beta, log_decay):
-      return associative_memory(q, k, v, beta, rule=cfg.rule, mode=cfg.mode, chunk_size=cfg.chunk_size,
-                                log_decay=log_decay, precision=cfg.precision)
-    # per device: its own batch rows and heads (jaxmem.sharding.map_heads), when a mesh is set
-    return map_heads(kernel, (q, k, v, beta, log_decay), (HEADS_BTHK,) * 3 + (HEADS_BTH,) * 2, HEADS_BTHK)
+    return associative_memory(q, k, v, beta, rule=cfg.rule, mode=cfg.mode, chunk_size=cfg.chunk_size,
+                              log_decay=log_decay, precision=cfg.precision)
 
 
 register("assoc", AssocConfig, AssociativeMemory)

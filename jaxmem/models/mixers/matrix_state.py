@@ -134,8 +134,18 @@ class MatrixStateMixer(Mixer):
     self.gate = nnx.data(linear(d_model, d_model, ("embed", "embed"), dtype=dt, rngs=rngs) if cfg.output_gate
                          else None)
 
-  def __call__(self, x_BTD: jax.Array, initial_state=None, return_state: bool = False):
-    """``y [B, T, d_model]``; with ``return_state`` also ``S_T [B, H, S, S]`` (``initial_state``: ``S_0``)."""
+  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    """``y [B, T, d_model]`` from the all-zero state."""
+    return self.scan(None, x_BTD)[1]
+
+  def init_state(self, batch_size: int, max_len: int) -> jax.Array:
+    """The all-zero state ``S_0 [B, H, S, S]`` (float32; its size does not grow with ``max_len``)."""
+    return jnp.zeros((batch_size, self.n_heads, self.state_dim, self.state_dim), jnp.float32)
+
+  def scan(self, state, x_BTD: jax.Array) -> tuple:
+    """The sequence form from a given state: ``(S_0 [B, H, S, S] or None for zeros, x [B, T, d_model]) ->
+    (S_T, y [B, T, d_model])``, by the kernel's chunked / parallel forms (``cfg.mode``); :meth:`step`
+    applied token by token gives the same."""
     B, T, _ = x_BTD.shape
     H, S, cfg = self.n_heads, self.state_dim, self.cfg
     parts = jnp.tanh(self.proj(x_BTD)).reshape(B, T, self.n_proj, H, S)
@@ -151,14 +161,19 @@ class MatrixStateMixer(Mixer):
                              spectral_norm=cfg.spectral_norm, precision=cfg.precision,
                              initial_state=initial_state, return_state=True)
     # per device: its own batch rows and heads (jaxmem.sharding.map_heads), when a mesh is set
-    o, S_T = map_heads(kernel, (q, k, v, log_rho, d, mix, initial_state),
+    o, S_T = map_heads(kernel, (q, k, v, log_rho, d, mix, state),
                        (HEADS_BTHK,) * 3 + (HEADS_BTH if log_rho.ndim == 3 else HEADS_BTHK, HEADS_BTHK,
                                             ("heads", None), STATE_BHKV),
                        (HEADS_BTHK, STATE_BHKV))
     y = self.out(constrain_heads(o).reshape(B, T, H * S))
     if self.gate is not None:
       y = y * jax.nn.sigmoid(self.gate(x_BTD))
-    return (y, S_T) if return_state else y
+    return S_T, y
+
+  def step(self, state: jax.Array, x_BD: jax.Array) -> tuple:
+    """One token: ``(S [B, H, S, S], x_t [B, d_model]) -> (S', y_t [B, d_model])``."""
+    state, y = self.scan(state, x_BD[:, None])
+    return state, y[:, 0]
 
 
 register("matrix_state", MatrixStateConfig, MatrixStateMixer)

@@ -2,8 +2,10 @@
 convolution, and the output projection ``W_O`` that mixes the heads' reads.
 
 Read as memory (Tang & Xie 2026, ``docs/papers/sdnc.md``): each head is a read head of a
-memory, ``W_O`` mixes the read vectors. Subclasses implement :meth:`QKVMixer.read`, the
-arithmetic, which calls into :mod:`jaxmem.kernels`.
+memory, ``W_O`` mixes the read vectors. Subclasses implement :meth:`QKVMixer.kernel`, the
+per-head arithmetic (which calls into :mod:`jaxmem.kernels`), and optionally
+:meth:`QKVMixer.gates`, the per-token, per-head inputs it needs from the parameters; the base
+class runs the kernel per device under :func:`jaxmem.sharding.map_heads`.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxmem.checks import check_config_ints, check_positive_int
-from jaxmem.models.layers import constant, linear
+from jaxmem.checks import check_config_ints
+from jaxmem.models.layers import CausalConv, constant, linear
 from jaxmem.models.mixers.registry import Mixer
-from jaxmem.sharding import constrain_heads, param
+from jaxmem.sharding import HEADS_BTH, HEADS_BTHK, constrain_heads, map_heads
 
 
 def check_short_conv(cfg) -> None:
@@ -37,35 +39,18 @@ def gate_projection(d_model: int, width: int, bias, *, dtype, rngs: nnx.Rngs,
                 bias_init=constant(jnp.asarray(bias, jnp.float32)))
 
 
-class ShortConv(nnx.Module):
-  """Causal depthwise convolution over time: ``y_t = Σ_{j<K} w_j ⊙ x_{t−j}`` on ``[B, T, C]``.
-
-  The short convolution of H3 (Fu et al. 2023, its "shift" SSM), Zoology's BaseConv and
-  DeltaNet (Yang et al. 2024). ``K`` shifted copies summed (``K`` is a small static width,
-  so this is ``K`` vector ops, not a loop over time). Starts as the identity (``w_0 = 1``).
-  """
-
-  def __init__(self, width: int, channels: int, *, rngs: nnx.Rngs, axis: str | None = "heads"):
-    del rngs
-    check_positive_int("width", width)
-    check_positive_int("channels", channels)
-    self.width = width
-    self.kernel = param(jnp.zeros((width, channels), jnp.float32).at[0].set(1.0), ("conv", axis))
-
-  def __call__(self, x_BTC: jax.Array) -> jax.Array:
-    T = x_BTC.shape[1]
-    w = self.kernel[...].astype(x_BTC.dtype)
-    padded = jnp.pad(x_BTC, ((0, 0), (self.width - 1, 0), (0, 0)))
-    y = w[0][None, None] * x_BTC
-    for j in range(1, self.width):  # taps, not time steps
-      y = y + w[j][None, None] * padded[:, self.width - 1 - j: self.width - 1 - j + T]
-    return y
-
-
 class QKVMixer(Mixer):
-  """``x [B, T, D] -> W_O · read(x, q, k, v)`` with ``q, k, v [B, T, H, D/H]`` from one projection.
+  """``x [B, T, D] -> W_O · kernel(q, k, v, **gates(x))`` with ``q, k, v [B, T, H, D/H]`` from one projection.
 
-  ``cfg.short_conv = K > 0`` applies a :class:`ShortConv` of width ``K`` to ``q, k, v``
+  A subclass implements :meth:`kernel`, the memory's arithmetic on ``[B, T, H, K]`` blocks of heads, and,
+  when the memory needs per-token inputs computed from parameters (write strengths, decays, read modes),
+  :meth:`gates`. The split is what lets the base class, in this one place, run every kernel through
+  :func:`jaxmem.sharding.map_heads`: under a mesh the kernel runs inside ``jax.shard_map`` on each device's
+  own batch rows and heads, so whatever reads a parameter happens before it, in :meth:`gates` on the whole
+  activations, and the kernel sees per-head arrays only (no parameter, no other device's heads).
+
+  ``cfg.short_conv = K > 0`` applies a :class:`~jaxmem.models.layers.CausalConv` of width ``K`` (identity at
+  initialisation) to ``q, k, v``
   after the projection. Subclasses create their extra projections *after* calling
   ``super().__init__`` (parameter initialisation draws from ``rngs`` in creation order).
   """
@@ -79,7 +64,7 @@ class QKVMixer(Mixer):
     self.qkv = linear(d_model, 3 * d_model, ("embed", "heads"), use_bias=False, dtype=dt, rngs=rngs)
     self.out = linear(d_model, d_model, ("heads", "embed"), use_bias=False, dtype=dt, rngs=rngs,
                       kernel_init=nnx.initializers.normal(0.02 / (2 * n_layers) ** 0.5))
-    self.conv = nnx.data(ShortConv(cfg.short_conv, 3 * d_model, rngs=rngs) if cfg.short_conv else None)
+    self.conv = nnx.data(CausalConv(cfg.short_conv, 3 * d_model, rngs=rngs) if cfg.short_conv else None)
 
   def gate(self, width: int, bias, rngs: nnx.Rngs, axis: str | None = "heads") -> nnx.Linear:
     return gate_projection(self.d_model, width, bias, dtype=self.qkv.dtype, rngs=rngs, axis=axis)
@@ -93,10 +78,35 @@ class QKVMixer(Mixer):
     qkv = qkv.reshape(B, T, 3, self.n_heads, self.head_dim)
     return constrain_heads(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
 
-  def read(self, x_BTD, q_BTHK, k_BTHK, v_BTHK) -> jax.Array:
-    raise NotImplementedError
+  def gates(self, x_BTD: jax.Array) -> dict:
+    """The kernel's keyword inputs computed from parameters: ``name -> [B, T, H]`` (one per head),
+    ``[B, T, H, C]`` (``C`` per head) or None (the input is off). No gates by default (``{}``)."""
+    return {}
+
+  def kernel(self, q_BTHK, k_BTHK, v_BTHK, **gates) -> jax.Array:
+    """The read ``o [B, T, H, K_v]``: arithmetic only, on any block of batch rows and heads (under a mesh it
+    sees one device's), so it reads no parameter (those go through :meth:`gates`) and never mixes heads or
+    batch rows."""
+    raise NotImplementedError(f"{type(self).__name__} does not implement the per-head kernel.")
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     B, T, _ = x_BTD.shape
-    o_BTHK = constrain_heads(self.read(x_BTD, *self.heads(x_BTD)))
+    q, k, v = self.heads(x_BTD)
+    gates = self.gates(x_BTD)
+    names = tuple(gates)
+    fn = lambda q, k, v, *g: self.kernel(q, k, v, **dict(zip(names, g, strict=True)))
+    axes = (HEADS_BTHK,) * 3 + tuple(_gate_axes(n, g) for n, g in gates.items())
+    # per device: its own batch rows and heads (jaxmem.sharding.map_heads), when a mesh is set
+    o_BTHK = constrain_heads(map_heads(fn, (q, k, v, *gates.values()), axes, HEADS_BTHK))
     return self.out(o_BTHK.reshape(B, T, self.d_model))
+
+
+def _gate_axes(name: str, g):
+  """The logical axes of a gate from its rank: ``[B, T, H]`` or ``[B, T, H, C]`` (None: no input)."""
+  if g is None:
+    return None
+  if g.ndim == 3:
+    return HEADS_BTH
+  if g.ndim == 4:
+    return ("batch", "length", "heads", None)
+  raise ValueError(f"gate {name!r} must be [B, T, H] or [B, T, H, C], got shape {tuple(g.shape)}.")

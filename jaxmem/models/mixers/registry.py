@@ -64,9 +64,13 @@ class Mixer(nnx.Module):
   * ``__call__(x_BTD) -> y_BTD``, causal (output ``t`` depends on inputs ``≤ t`` only), the dtype of ``x``;
   * every parameter carries logical axes (:func:`jaxmem.sharding.with_axes` / :func:`jaxmem.sharding.param`),
     from which its mesh layout and its weight decay (:func:`jaxmem.sharding.decays`) derive;
+  * its per-head kernel runs through :func:`jaxmem.sharding.map_heads`, so that under a mesh each device
+    computes its own batch rows and heads (a :class:`~jaxmem.models.mixers.qkv.QKVMixer` gets this from its
+    base class; ``tests/train/test_sharding.py`` checks it);
   * its config's :meth:`MixerConfig.state_floats` is the size of what :meth:`init_state` holds;
   * decoding, where a mixer has it: :meth:`init_state` and :meth:`step`, with ``step`` applied token by token
-    equal to ``__call__`` on the sequence.
+    equal to ``__call__`` on the sequence; and, where it has a faster sequence form that starts from a state
+    (prefill), :meth:`scan`, with ``scan`` over a prefix then over the rest equal to ``__call__`` on the whole.
   """
 
   def init_state(self, batch_size: int, max_len: int) -> Any:
@@ -78,10 +82,20 @@ class Mixer(nnx.Module):
     ``step`` and ``lax.scan``'s body)."""
     raise NotImplementedError(f"{type(self).__name__} has no token-by-token decoding (init_state / step).")
 
+  def scan(self, state: Any, x_BTD) -> tuple:
+    """The sequence form from a given state: ``(state, x [B, T, d_model]) -> (state after the last token,
+    y [B, T, d_model])``, equal to :meth:`step` over the tokens (a prompt's prefill, a chunk of a stream)."""
+    raise NotImplementedError(f"{type(self).__name__} has no sequence form from a state (scan).")
+
   @classmethod
   def decodes(cls) -> bool:
     """Whether this mixer implements :meth:`init_state` and :meth:`step`."""
     return cls.step is not Mixer.step
+
+  @classmethod
+  def scans(cls) -> bool:
+    """Whether this mixer implements :meth:`scan`."""
+    return cls.scan is not Mixer.scan
 
 
 def register(name: str, config_cls: type, module_cls: type) -> None:

@@ -41,7 +41,7 @@ class SDNCConfig(MixerConfig):
 
 
 class SDNCRead(QKVMixer):
-  def read(self, x_BTD, q, k, v):
+  def kernel(self, q, k, v):
     return sdnc_attention(q, k, v)
 
 
@@ -93,16 +93,21 @@ class SDNCHybrid(QKVMixer):
     modes = jnp.tile(jnp.array([-3.0, 3.0, -3.0]), H)  # (backward, content, forward) per head
     self.read_modes = self.gate(3 * H, modes, rngs, axis=None) if cfg.link_reads else None
 
-  def read(self, x_BTD, q, k, v):
+  def gates(self, x_BTD):
+    """Write-gate and retention logits ``[B, T, H]``, read-mode logits ``[B, T, H, 3]`` (None where off)."""
+    if not self.cfg.any:
+      return {}
+    B, T, H = x_BTD.shape[0], x_BTD.shape[1], self.n_heads
+    return {
+        "write_gate": None if self.write_gate is None else self.write_gate(x_BTD),
+        "erase_gate": None if self.erase_gate is None else self.erase_gate(x_BTD),
+        "read_modes": None if self.read_modes is None else self.read_modes(x_BTD).reshape(B, T, H, 3),
+    }
+
+  def kernel(self, q, k, v, **gates):
     if not self.cfg.any:
       return softmax_attention(q, k, v, causal=True)
-    B, T, H = x_BTD.shape[0], x_BTD.shape[1], self.n_heads
-    return sdnc_hybrid_attention(
-        q, k, v,
-        write_gate=None if self.write_gate is None else self.write_gate(x_BTD),
-        erase_gate=None if self.erase_gate is None else self.erase_gate(x_BTD),
-        read_modes=None if self.read_modes is None else self.read_modes(x_BTD).reshape(B, T, H, 3),
-    )
+    return sdnc_hybrid_attention(q, k, v, **gates)
 
 
 register("sdnc", SDNCConfig, SDNCRead)

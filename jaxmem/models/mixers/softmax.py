@@ -9,7 +9,6 @@ from jaxmem.kernels.attention import softmax_attention
 from jaxmem.kernels.precision import PRECISIONS
 from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv, qkv_state_floats
 from jaxmem.models.mixers.registry import MixerConfig, register
-from jaxmem.sharding import HEADS_BTHK, map_heads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,9 +45,8 @@ class SoftmaxAttention(QKVMixer):
   """Multi-head causal softmax attention: projections here, arithmetic in
   :func:`jaxmem.kernels.attention.softmax_attention`."""
 
-  def read(self, x_BTD, q, k, v):
-    fn = lambda q, k, v: softmax_attention(q, k, v, causal=True, precision=self.cfg.precision)
-    return map_heads(fn, (q, k, v), (HEADS_BTHK,) * 3, HEADS_BTHK)
+  def kernel(self, q, k, v):
+    return softmax_attention(q, k, v, causal=True, precision=self.cfg.precision)
 
 
 register("softmax", SoftmaxConfig, SoftmaxAttention)

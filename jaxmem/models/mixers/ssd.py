@@ -57,6 +57,7 @@ from flax.nnx.nn.linear import default_kernel_init
 from jaxmem.checks import check_config_ints, check_positive_int
 from jaxmem.kernels import ssd as ssd_kernel
 from jaxmem.kernels.precision import PRECISIONS
+from jaxmem.models.layers import CausalConv
 from jaxmem.models.mixers.registry import Mixer, MixerConfig, register
 from jaxmem.sharding import HEADS_BTH, HEADS_BTHK, constrain_heads, map_heads, param, with_axes
 
@@ -149,36 +150,6 @@ def _last(w: jax.Array, ndim: int) -> jax.Array:
   return w.reshape((1,) * (ndim - 1) + w.shape)
 
 
-class CausalConv(nnx.Module):
-  """Depthwise causal convolution with bias: ``y_t = b + Σ_{j<K} w_j ⊙ u_{t−K+1+j}`` on ``[batch, T, C]``.
-
-  Tap ``K − 1`` sees the current token (a cross-correlation over the last ``K`` inputs, zeros before the
-  first), so decoding keeps the last ``K − 1`` inputs and :meth:`step` applies the taps to that window with
-  the new token appended. ``kernel [K, C]`` has logical axes ``("conv", axis)``, ``bias [C]`` ``(axis,)``.
-  """
-
-  def __init__(self, width: int, channels: int, axis: str, *, rngs: nnx.Rngs):
-    bound = 1.0 / math.sqrt(width)  # PyTorch's Conv1d default for one input channel per group
-    draw = lambda shape: jax.random.uniform(rngs.params(), shape, jnp.float32, -bound, bound)
-    self.width = width
-    self.kernel = param(draw((width, channels)), ("conv", axis))
-    self.bias = param(draw((channels,)), (axis,))
-
-  def __call__(self, u_BTC: jax.Array) -> jax.Array:
-    K, T = self.width, u_BTC.shape[1]
-    w = self.kernel[...].astype(u_BTC.dtype)
-    padded = jnp.pad(u_BTC, ((0, 0), (K - 1, 0), (0, 0)))
-    y = _last(self.bias[...].astype(u_BTC.dtype), 3)
-    for j in range(K):  # taps, not time steps
-      y = y + _last(w[j], 3) * padded[:, j:j + T]
-    return y
-
-  def step(self, window_BKC: jax.Array) -> jax.Array:
-    """The output for the newest token of ``window [batch, K, C]`` (the last ``K`` inputs, oldest first)."""
-    w = self.kernel[...].astype(window_BKC.dtype)
-    return self.bias[...].astype(window_BKC.dtype)[None] + jnp.sum(w[None] * window_BKC, axis=1)
-
-
 class Mamba2(Mixer):
   """``x [batch, T, d_model] -> [batch, T, d_model]``: the Mamba-2 block of the module docstring."""
 
@@ -198,9 +169,9 @@ class Mamba2(Mixer):
     self.in_B = proj(d_model, G * N, ("embed", "state"))
     self.in_C = proj(d_model, G * N, ("embed", "state"))
     self.in_dt = proj(d_model, H, ("embed", "heads"))
-    self.conv_x = CausalConv(K, d_inner, "heads", rngs=rngs)
-    self.conv_B = CausalConv(K, G * N, "state", rngs=rngs)
-    self.conv_C = CausalConv(K, G * N, "state", rngs=rngs)
+    self.conv_x = CausalConv(K, d_inner, "heads", bias=True, init="uniform", rngs=rngs)
+    self.conv_B = CausalConv(K, G * N, "state", bias=True, init="uniform", rngs=rngs)
+    self.conv_C = CausalConv(K, G * N, "state", bias=True, init="uniform", rngs=rngs)
     # Δ₀ log-uniform in [dt_min, dt_max], floored; dt_bias = softplus⁻¹(Δ₀) = Δ₀ + log(1 − exp(−Δ₀))
     lo, hi = math.log(cfg.dt_min), math.log(cfg.dt_max)
     dt0 = jnp.exp(jax.random.uniform(rngs.params(), (H,), jnp.float32, lo, hi))
@@ -284,17 +255,18 @@ class Mamba2(Mixer):
     nb = x_BD.shape[0]
     d_inner, GN = self.d_inner, self.cfg.n_groups * self.cfg.d_state
     z, u, B, C, dt_raw = self._projections(x_BD)
-    new = jnp.concatenate([u, B, C], axis=-1).astype(state["conv"].dtype)
-    window = jnp.concatenate([state["conv"], new[:, None]], axis=1)  # [batch, K, channels]
-    u = jax.nn.silu(self.conv_x.step(window[..., :d_inner]))
-    B = jax.nn.silu(self.conv_B.step(window[..., d_inner:d_inner + GN]))
-    C = jax.nn.silu(self.conv_C.step(window[..., d_inner + GN:]))
+    dt_conv = state["conv"].dtype
+    tail = state["conv"]
+    tail_u, u = self.conv_x.step(tail[..., :d_inner], u.astype(dt_conv))
+    tail_B, B = self.conv_B.step(tail[..., d_inner:d_inner + GN], B.astype(dt_conv))
+    tail_C, C = self.conv_C.step(tail[..., d_inner + GN:], C.astype(dt_conv))
+    u, B, C = jax.nn.silu(u), jax.nn.silu(B), jax.nn.silu(C)
     B, C = self._groups(B, C)
     dt, A = self._ssm_params(dt_raw)
     ssm, y = ssd_kernel.step(state["ssm"], u.reshape(nb, self.n_heads, self.head_dim), dt, A, B, C, self.D[...],
                              precision=self.cfg.precision)
     out = self._gated_norm_out(y.reshape(nb, d_inner), z).astype(x_BD.dtype)
-    return {"conv": window[:, 1:], "ssm": ssm}, out
+    return {"conv": jnp.concatenate([tail_u, tail_B, tail_C], axis=-1), "ssm": ssm}, out
 
 
 register("ssd", SSDConfig, Mamba2)

@@ -57,7 +57,7 @@ class TopKMemory(QKVMixer):
     self.read_gate = nnx.data(linear(d_model, d_model, ("embed", "heads"), dtype=self.qkv.dtype, rngs=rngs)
                               if cfg.gated else None)
 
-  def read(self, x_BTD, q, k, v):
+  def kernel(self, q, k, v):
     return topk_memory_read(q, k, v, top_k=self.cfg.top_k, temperature=self.cfg.temperature)
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:

@@ -2,20 +2,22 @@
 
 Every option the paper's variants differ in is a field; ``None`` means "the variant's
 preset" (:data:`PRESETS`) and is resolved at construction, so ``UniMatrixConfig(variant="rosa")``
-has ``rosa == "prev_token"`` and ``UniMatrixConfig(variant="rosa", rosa="automaton")`` swaps
-the paper's previous-token path for RWKV-8's suffix-automaton prediction.
+has ``rosa == "bigram"`` and ``UniMatrixConfig(variant="rosa", rosa="automaton")`` swaps
+the paper's released-code path (a learned embedding of ``x_{t−1}``, a bigram feature) for
+RWKV-8's suffix-automaton prediction.
 
 ============== ========= ============ ========== ========= ======== ======== ===== =======
 variant        updates   rosa         deep_emb   step_emb  spectral dense    slots pointer
 ============== ========= ============ ========== ========= ======== ======== ===== =======
 core           outer     none         no         no        no       no       0     no
-rosa           outer     prev_token   no         no        no       no       0     no
-discovery      hybrid    prev_token   yes        yes       yes      no       0     no
-assoc          outer     none         no         no        no       top-8    0     no
+rosa           outer     bigram       no         no        no       no       0     no
+discovery      hybrid    bigram       yes        yes       yes      no       0     no
+dense_memory   outer     none         no         no        no       top-8    0     no
 sparse_pointer outer     none         no         no        no       no       32    yes
 ============== ========= ============ ========== ========= ======== ======== ===== =======
 
-(sparse_pointer also has a learned write gate, ``write_gate=True``.)
+(dense_memory is the paper's UniMatrix-Assoc; sparse_pointer also has a learned write gate,
+``write_gate=True``.)
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from jaxmem.checks import check_config_ints
 from jaxmem.kernels import matrix_state as ms
 from jaxmem.kernels.precision import PRECISIONS
 from jaxmem.kernels.slots import STRENGTH_UPDATES
+from jaxmem.models.bodies import BodyConfig
 from jaxmem.models.mixers.matrix_state import RETENTIONS, UPDATES
 from jaxmem.models.remat import check_remat_policy
 
-VARIANTS = ("core", "rosa", "discovery", "assoc", "sparse_pointer")
-ROSA_SOURCES = ("none", "prev_token", "automaton")
+VARIANTS = ("core", "rosa", "discovery", "dense_memory", "sparse_pointer")
+ROSA_SOURCES = ("none", "bigram", "automaton")
 ROSA_MODULATIONS = ("rosa", "token")
 SLOT_QUERIES = ("hidden", "prev_token")
 SLOT_MERGES = ("cosine", "key_id")
@@ -40,23 +43,26 @@ _OFF = dict(updates="outer", rosa="none", deep_embed=False, step_embed=False, sp
             dense_memory=False, n_slots=0, pointer=False, write_gate=False)
 PRESETS = {
     "core": dict(_OFF),
-    "rosa": dict(_OFF, rosa="prev_token"),
-    "discovery": dict(_OFF, updates="hybrid", rosa="prev_token", deep_embed=True, step_embed=True,
+    "rosa": dict(_OFF, rosa="bigram"),
+    "discovery": dict(_OFF, updates="hybrid", rosa="bigram", deep_embed=True, step_embed=True,
                       spectral_norm=True),
-    "assoc": dict(_OFF, dense_memory=True),
+    "dense_memory": dict(_OFF, dense_memory=True),
     "sparse_pointer": dict(_OFF, n_slots=32, pointer=True, write_gate=True),
 }
 
 
 @dataclasses.dataclass(frozen=True)
-class UniMatrixConfig:
+class UniMatrixConfig(BodyConfig):
   """Architecture of :class:`~jaxmem.models.unimatrix.UniMatrixLM`.
 
   Attributes:
-    variant: one of :data:`VARIANTS`; sets every ``None`` option below.
+    body: "unimatrix", the tag of this body in an LM config's ``model`` section (:mod:`jaxmem.models.bodies`;
+      not an argument).
+    variant: one of :data:`VARIANTS`; sets every ``None`` option below. ``"dense_memory"`` is the
+      paper's UniMatrix-Assoc.
     vocab_size: token ids ``[0, vocab_size)`` (259 = 256 bytes + 3 specials at the paper's sizes).
     d_model: residual width (64).
-    n_steps: depth steps of the one shared block (3).
+    depth: applications of the one shared block per token (3; the paper's depth steps).
     n_heads: heads of the matrix state (4); must divide ``d_model``.
     state_dim: side ``S`` of each head's ``S × S`` state (16); at most ``d_model``.
     max_len: longest sequence; longer inputs raise ``ValueError``.
@@ -70,8 +76,9 @@ class UniMatrixConfig:
       or "channel" (one per head, token and state channel, the state's columns decaying
       separately: ``Linear(d_model → n_heads·state_dim, no bias)`` plus a bias per head, the size
       that matches the paper's Core and ROSA parameter counts; ``jaxmem/models/unimatrix/README.md``).
-    rosa: "none", "prev_token" (the paper's code: an embedding of ``x_{t−1}``) or "automaton"
-      (RWKV-8's ROSA: the token that followed the longest earlier match of the suffix).
+    rosa: "none", "bigram" (the paper's released code: a learned embedding of ``x_{t−1}``, a
+      bigram feature, not RWKV-8's suffix automaton) or "automaton" (RWKV-8's ROSA: the token
+      that followed the longest earlier match of the suffix).
     rosa_modulation: what the embedding's modulation ``e ⊙ (1 + tanh(M c))`` is conditioned on
       (with ``rosa != "none"``): "rosa" (``c = r``, the ROSA row ``E_rosa[src]``) or "token"
       (``c = E[x_t]``, the current token's own embedding); both add ``r`` and have the same
@@ -79,7 +86,8 @@ class UniMatrixConfig:
     deep_embed: after every depth step ``h ← h ⊙ (1 + σ(P · E_deep[x_t]))``.
     step_embed: a learned vector per depth step added before it.
     spectral_norm: spectral norm of every state ≤ 1 (recurrent form).
-    dense_memory: an append-only key/value memory read top-``dense_top_k`` in each block (Assoc).
+    dense_memory: an append-only key/value memory read top-``dense_top_k`` in each block
+      (the ``dense_memory`` variant, the paper's UniMatrix-Assoc).
     dense_top_k: ``K`` of that read (8).
     n_slots: slots of the sparse slot memory (0: none; 32 in SparsePointer).
     pointer: pointer-logit fusion (the slot read's weights scattered onto their token ids).
@@ -121,10 +129,11 @@ class UniMatrixConfig:
       default; the causality tests show it leaks and the default does not.
   """
 
+  body: str = dataclasses.field(default="unimatrix", init=False)
   variant: str = "core"
   vocab_size: int = 259
   d_model: int = 64
-  n_steps: int = 3
+  depth: int = 3
   n_heads: int = 4
   state_dim: int = 16
   max_len: int = 128
@@ -162,12 +171,19 @@ class UniMatrixConfig:
   carry_state: bool = False
 
   def __post_init__(self):
+    if self.variant == "assoc":
+      raise ValueError('UniMatrixConfig.variant="assoc" was renamed to "dense_memory" (the paper\'s '
+                       'UniMatrix-Assoc) so that "assoc" names only the associative-memory mixer.')
+    if self.rosa == "prev_token":
+      raise ValueError('UniMatrixConfig.rosa="prev_token" was renamed to "bigram" (a learned embedding of '
+                       'x_{t−1}) so that "prev_token" names only slot_query="prev_token" (the slot read '
+                       'queried with E[x_{t−1}]).')
     if self.variant not in VARIANTS:
       raise ValueError(f"UniMatrixConfig.variant must be one of {list(VARIANTS)}, got {self.variant!r}.")
     for name, value in PRESETS[self.variant].items():
       if getattr(self, name) is None:
         object.__setattr__(self, name, value)
-    check_config_ints(self, ("vocab_size", "d_model", "n_steps", "n_heads", "state_dim", "max_len",
+    check_config_ints(self, ("vocab_size", "d_model", "depth", "n_heads", "state_dim", "max_len",
                              "chunk_size", "dense_top_k", "slot_top_k"))
     check_config_ints(self, ("d_ff", "n_slots"), allow_zero=True)
     if self.d_model % self.n_heads:

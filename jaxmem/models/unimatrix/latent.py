@@ -8,10 +8,11 @@
   ``[Z[g, A]; Z[g, B]; Z[g, C]]`` and applies the MLP head of the current task (the most
   recent task token), giving logits at the 16 class ids (−1e9 elsewhere). Causal: every
   quantity at ``t`` is a cumulative sum / running maximum over positions ``≤ t``.
-* :class:`TripleLatentLM` — the **generic** version on raw ids: each position's latent is a
+* :func:`triple_latent` — the **generic** version on raw ids: each position's latent is a
   learned function of its triple ``(x_{t−2}, x_{t−1}, x_t)``,
   ``z_t = e_t + GELU(W [e_{t−2}; e_{t−1}; e_t])``, followed by ``n_layers`` blocks of
-  matrix-state memory and FFN and a tied read-out: no knowledge of the task's structure.
+  matrix-state memory and FFN and a tied read-out: no knowledge of the task's structure. It is a
+  configuration of the one body (:class:`~jaxmem.models.TransformerConfig` with ``ngram_inputs=3``).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxmem.checks import check_config_ints, check_rank
-from jaxmem.models.layers import embed, layer_norm, linear, token_ids
-from jaxmem.models.mixers.matrix_state import MatrixStateConfig, MatrixStateMixer
+from jaxmem.models.layers import token_ids
+from jaxmem.models.mixers.matrix_state import MatrixStateConfig
+from jaxmem.models.transformer import TransformerConfig
 from jaxmem.sharding import param
 
 # the typed latents and per-task heads are trained without weight decay (decay=False), as they always were
@@ -116,62 +118,27 @@ class TypedLatentCompressor(nnx.Module):
     return logits.at[:, :, jnp.asarray(cfg.class_ids)].set(cls.astype(jnp.float32))
 
 
-@dataclasses.dataclass(frozen=True)
-class TripleLatentConfig:
-  vocab_size: int = 259
-  d_model: int = 64
-  n_layers: int = 2
-  n_heads: int = 4
-  state_dim: int = 16
-  max_len: int = 128
-
-  def __post_init__(self):
-    check_config_ints(self, ("vocab_size", "d_model", "n_layers", "n_heads", "state_dim", "max_len"))
-
-
-class _TripleBlock(nnx.Module):
-  def __init__(self, cfg: TripleLatentConfig, *, rngs: nnx.Rngs):
-    d = cfg.d_model
-    self.ln1 = layer_norm(d, rngs=rngs)
-    self.mixer = MatrixStateMixer(MatrixStateConfig(state_dim=cfg.state_dim), d_model=d, n_heads=cfg.n_heads,
-                                  n_layers=cfg.n_layers, dtype="float32", rngs=rngs)
-    self.ln2 = layer_norm(d, rngs=rngs)
-    self.up = linear(d, 4 * d, ("embed", "ffn"), rngs=rngs)
-    self.down = linear(4 * d, d, ("ffn", "embed"), rngs=rngs)
-
-  def __call__(self, h):
-    h = h + self.mixer(self.ln1(h))
-    return h + self.down(jax.nn.gelu(self.up(self.ln2(h))))
+def triple_latent(*, vocab_size: int = 259, d_model: int = 64, n_layers: int = 2, n_heads: int = 4,
+                  state_dim: int = 16, max_len: int = 128) -> TransformerConfig:
+  """The generic triple-latent model (module docstring) as a configuration of the one body: build it with
+  ``TransformerLM(triple_latent(...), rngs=...)``. Token embedding plus ``GELU(W [e_{t−2}; e_{t−1}; e_t])``
+  (``ngram_inputs=3``), no positions, ``n_layers`` pre-LN blocks of a matrix-state memory (``state_dim``;
+  float32) and a GELU MLP of width ``4 · d_model``, tied read-out. Bad values raise ``ValueError`` from the
+  configs."""
+  return TransformerConfig(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                           d_ff=4 * d_model, max_len=max_len, positions="none", ngram_inputs=3,
+                           mixer=MatrixStateConfig(state_dim=state_dim))
 
 
-class TripleLatentLM(nnx.Module):
-  """Generic triple latents on raw ids (module docstring): ``tokens [B, T] -> logits [B, T, V]``."""
-
-  def __init__(self, cfg: TripleLatentConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    d = cfg.d_model
-    self.embed = embed(cfg.vocab_size, d, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
-    self.triple = linear(3 * d, d, (None, "embed"), rngs=rngs)
-
-    @nnx.split_rngs(splits=cfg.n_layers)
-    @nnx.vmap(in_axes=(0,), out_axes=0)
-    def make(rngs: nnx.Rngs):
-      return _TripleBlock(cfg, rngs=rngs)
-
-    self.blocks = make(rngs)
-    self.ln_f = layer_norm(d, rngs=rngs)
-
-  def __call__(self, tokens_BT: jax.Array) -> jax.Array:
-    _, T = check_rank("tokens", tokens_BT, 2, "B, T")
-    if T > self.cfg.max_len:
-      raise ValueError(f"`tokens` has length {T} > max_len={self.cfg.max_len}.")
-    e = self.embed(token_ids(tokens_BT, self.cfg.vocab_size))
-    e1 = jnp.pad(e[:, :-1], ((0, 0), (1, 0), (0, 0)))
-    e2 = jnp.pad(e[:, :-2], ((0, 0), (2, 0), (0, 0)))
-    h = e + jax.nn.gelu(self.triple(jnp.concatenate([e2, e1, e], axis=-1)))
-
-    @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
-    def run(block, h):
-      return block(h)
-
-    return self.embed.attend(self.ln_f(run(self.blocks, h))).astype(jnp.float32)
+def triple_latent_params_from_legacy(params: dict) -> dict:
+  """Parameters saved by the former ``TripleLatentLM`` module (a nested dict, e.g. restored with Orbax without
+  a target) as :func:`triple_latent`'s: ``triple`` is ``ngram``, ``blocks/mixer`` is ``blocks/attn`` and
+  ``blocks/{up,down}`` are ``blocks/ffn/{up,down}``; every other path and every value is unchanged. (Models
+  initialised by the two differ in ``W_2`` of the MLP only: the body scales it by ``1/√(2·n_layers)``.)"""
+  if not isinstance(params, dict) or "triple" not in params or not isinstance(params.get("blocks"), dict) \
+      or "mixer" not in params["blocks"]:
+    raise ValueError("`params` must be a nested dict with 'triple' and 'blocks/mixer' (a TripleLatentLM's).")
+  blocks = dict(params["blocks"])
+  attn, up, down = blocks.pop("mixer"), blocks.pop("up"), blocks.pop("down")
+  out = {k: v for k, v in params.items() if k not in ("triple", "blocks")}
+  return {**out, "ngram": params["triple"], "blocks": {**blocks, "attn": attn, "ffn": {"up": up, "down": down}}}

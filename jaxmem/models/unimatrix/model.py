@@ -1,4 +1,4 @@
-"""UniMatrixLM: one shared matrix-state block applied ``n_steps`` times in depth (Flax NNX).
+"""UniMatrixLM: one shared matrix-state block applied ``depth`` times per token (Flax NNX).
 
 The UniMatrix family of Liu Xiao (2026), "Associative-State Universal Transformers: Sparse
 Retrieval Meets Structured Recurrence", arXiv:2604.25930 (``docs/papers/unimatrix.md``),
@@ -6,11 +6,11 @@ with the variants as presets of :class:`~jaxmem.models.unimatrix.config.UniMatri
 ``tokens [B, T] -> logits [B, T, vocab_size]`` (float32)::
 
     e_t  = E[x_t] (+ P_t)                                  token (+ learned position) embedding
-    r_t  = E_rosa[src_t]                                   rosa: src = x_{t−1} ("prev_token") or
+    r_t  = E_rosa[src_t]                                   rosa: src = x_{t−1} ("bigram") or
                                                            ROSA's prediction ("automaton"); 0 if none
     h⁰_t = e_t ⊙ (1 + tanh(M c_t)) + r_t                   modulation + residual path; c_t = r_t
                                                            (rosa_modulation="rosa") or E[x_t] ("token")
-    for n in 1..n_steps (one block, shared weights; lax.scan over depth):
+    for n in 1..depth (one block, shared weights; lax.scan over depth):
       h ← h + s_n                                          step_embed
       h ← h + MatrixState(LN h);  [h ← h + TopKMemory(LN h)];  h ← h + FFN(LN h)
       h ← h ⊙ (1 + σ(W_p E_deep[x_t]))                     deep_embed
@@ -43,7 +43,7 @@ from flax import nnx
 from jaxmem.checks import check_rank
 from jaxmem.kernels import rosa as rosa_kernel
 from jaxmem.kernels import slots as slot_kernel
-from jaxmem.models import mixers
+from jaxmem.models import bodies, mixers
 from jaxmem.models.layers import FeedForward, embed, layer_norm, linear, positions, token_ids
 from jaxmem.models.mixers.matrix_state import MatrixStateConfig
 from jaxmem.models.mixers.topk_memory import TopKMemoryConfig
@@ -68,21 +68,21 @@ class UniMatrixBlock(nnx.Module):
     d = cfg.d_model
     self.ln1 = layer_norm(d, rngs=rngs)
     self.mixer = mixers.build(matrix_state_config(cfg), d_model=d, n_heads=cfg.n_heads,
-                                  n_layers=cfg.n_steps, dtype="float32", rngs=rngs)
+                              n_layers=cfg.depth, dtype="float32", rngs=rngs)
     if cfg.dense_memory:
       self.ln_m = nnx.data(layer_norm(d, rngs=rngs))
       memory = TopKMemoryConfig(top_k=cfg.dense_top_k)
-      self.memory = nnx.data(mixers.build(memory, d_model=d, n_heads=cfg.n_heads, n_layers=cfg.n_steps,
+      self.memory = nnx.data(mixers.build(memory, d_model=d, n_heads=cfg.n_heads, n_layers=cfg.depth,
                                           dtype="float32", rngs=rngs))
     else:
       self.ln_m, self.memory = nnx.data(None), nnx.data(None)
     self.ln2 = layer_norm(d, rngs=rngs)
-    self.ffn = FeedForward(d, cfg.ffn_dim, n_layers=cfg.n_steps, rngs=rngs)
+    self.ffn = FeedForward(d, cfg.ffn_dim, n_layers=cfg.depth, rngs=rngs)
     self.drop = nnx.data(nnx.Dropout(cfg.dropout) if cfg.dropout else None)
 
   def __call__(self, h, initial_state=None, return_state: bool = False, key=None):
     """``key``: this step's dropout key (None: no dropout; see :class:`UniMatrixLM`)."""
-    y, S_T = self.mixer(self.ln1(h), initial_state=initial_state, return_state=True)
+    S_T, y = self.mixer.scan(initial_state, self.ln1(h))
     h = h + _dropout(self.drop, y, key, 0)
     if self.memory is not None:
       h = h + _dropout(self.drop, self.memory(self.ln_m(h)), key, 1)
@@ -136,7 +136,7 @@ class UniMatrixLM(nnx.Module):
 
   ``UniMatrixLM(cfg, rngs=nnx.Rngs(0))(tokens [B, T]) -> logits [B, T, vocab_size]``;
   ``model(tokens, return_aux=True)`` also returns ``{"ponder": [B, T]}`` (ACT's ``N + R``, else
-  ``n_steps``) and, with a slot write gate, ``"slot_write_gate": [B, T]`` (each token's ``g_t``).
+  ``depth``) and, with a slot write gate, ``"slot_write_gate": [B, T]`` (each token's ``g_t``).
   :meth:`apply_onehot` takes one-hot rows ``[B, T, vocab_size]`` instead of ids. With
   ``cfg.dropout > 0`` every call in train mode (the default) draws new masks from the model's
   dropout stream; ``model.eval()`` makes calls deterministic.
@@ -156,7 +156,7 @@ class UniMatrixLM(nnx.Module):
     if cfg.rosa != "none":
       self.rosa_embed = nnx.data(embed(V, d, embedding_init=emb_init, rngs=rngs))
       self.rosa_mod = nnx.data(linear(d, d, EMBED2, kernel_init=nnx.initializers.zeros, rngs=rngs))
-    self.step_embed = nnx.data(param(jnp.zeros((cfg.n_steps, d), jnp.float32), ("layers", "embed"))
+    self.step_embed = nnx.data(param(jnp.zeros((cfg.depth, d), jnp.float32), ("layers", "embed"))
                                if cfg.step_embed else None)
     self.deep_embed, self.deep_proj = none, none
     if cfg.deep_embed:
@@ -220,7 +220,7 @@ class UniMatrixLM(nnx.Module):
       h = h + self.pos[...][None, :T]
     if self.rosa_embed is not None:
       table = self.rosa_embed.embedding[...]
-      if cfg.rosa == "prev_token":
+      if cfg.rosa == "bigram":  # the paper's released code: E_rosa[x_{t−1}]
         r = inp.prev_rows(table)
       else:  # the token that followed the longest earlier match; -1 (none) gives 0
         r = _take(table, rosa_kernel.rosa(jax.lax.stop_gradient(inp.ids)))
@@ -230,12 +230,12 @@ class UniMatrixLM(nnx.Module):
     return h
 
   def _depth(self, h, inp: _Inputs, key=None):
-    """The shared block over ``n_steps`` depth steps (a ``lax.scan``; ACT when configured)."""
+    """The shared block applied ``depth`` times (a ``lax.scan`` over depth steps; ACT when configured)."""
     cfg = self.cfg
     graphdef, state = nnx.split(self.block)
-    steps = self.step_embed[...] if self.step_embed is not None else jnp.zeros((cfg.n_steps, cfg.d_model))
+    steps = self.step_embed[...] if self.step_embed is not None else jnp.zeros((cfg.depth, cfg.d_model))
     # (step embedding, dropout key) per depth step; no keys without dropout
-    xs = (steps, None if key is None else jax.random.split(key, cfg.n_steps))
+    xs = (steps, None if key is None else jax.random.split(key, cfg.depth))
     deep = None
     if self.deep_embed is not None:
       deep = 1.0 + jax.nn.sigmoid(self.deep_proj(inp.rows(self.deep_embed.embedding[...])))
@@ -253,12 +253,12 @@ class UniMatrixLM(nnx.Module):
       B = h.shape[0]
       S0 = jnp.zeros((B, cfg.n_heads, cfg.state_dim, cfg.state_dim), jnp.float32)
       (h, _), _ = jax.lax.scan(leaky, (h, S0), xs)
-      return h, jnp.full(h.shape[:2], float(cfg.n_steps))
+      return h, jnp.full(h.shape[:2], float(cfg.depth))
     if cfg.remat:
       step = jax.checkpoint(step, policy=remat_policy(cfg.remat_policy))
     if self.halt is None:
       h, _ = jax.lax.scan(lambda c, x: (step(c, x), None), h, xs)
-      return h, jnp.full(h.shape[:2], float(cfg.n_steps))
+      return h, jnp.full(h.shape[:2], float(cfg.depth))
     return self._act(step, h, xs)
 
   def _act(self, step, h, xs):
@@ -271,7 +271,7 @@ class UniMatrixLM(nnx.Module):
     ponder cost ``N + R``.
     """
     cfg = self.cfg
-    n_steps = cfg.n_steps
+    depth = cfg.depth
     BT = h.shape[:2]
 
     def body(carry, x):
@@ -279,7 +279,7 @@ class UniMatrixLM(nnx.Module):
       step_x, n = x
       h = step(h, step_x)
       p = jax.nn.sigmoid(self.halt(h)[..., 0].astype(jnp.float32))
-      last = n == n_steps - 1
+      last = n == depth - 1
       halts = running & ((cum + p >= cfg.act_threshold) | last)
       remainder = 1.0 - cum
       w = jnp.where(halts, remainder, jnp.where(running, p, 0.0))
@@ -289,7 +289,7 @@ class UniMatrixLM(nnx.Module):
       return (h, out, cum, running & ~halts, ponder), None
 
     init = (h, jnp.zeros_like(h), jnp.zeros(BT), jnp.ones(BT, bool), jnp.zeros(BT))
-    (_, out, _, _, ponder), _ = jax.lax.scan(body, init, (xs, jnp.arange(n_steps)))
+    (_, out, _, _, ponder), _ = jax.lax.scan(body, init, (xs, jnp.arange(depth)))
     return out, ponder
 
   def _merge_ids(self, inp: _Inputs):
@@ -349,3 +349,6 @@ def param_breakdown(model: nnx.Module) -> dict:
 
 __all__ = ["UniMatrixBlock", "UniMatrixLM", "matrix_state_config",
            "param_breakdown"]
+
+
+bodies.register("unimatrix", UniMatrixConfig, UniMatrixLM)

@@ -31,7 +31,7 @@ def test_slot_merge_stats_counts_distinct_tokens_sharing_a_slot():
   tokens none, 1, 5, 20, 6, 21, 5 (6 distinct, 5 slots with 5 and 6 merged): 6 / 5 key tokens per used slot,
   1 / 5 of the used slots merged, and cosine 1 between the two rows. (Counting the written tokens instead
   would find 20, 21 and 23 in the merged slot: 7 / 5.)"""
-  cfg = UniMatrixConfig(variant="sparse_pointer", vocab_size=32, d_model=16, n_heads=2, state_dim=4, n_steps=1,
+  cfg = UniMatrixConfig(variant="sparse_pointer", vocab_size=32, d_model=16, n_heads=2, state_dim=4, depth=1,
                         max_len=16, n_slots=12, slot_top_k=2)
   model = UniMatrixLM(cfg, rngs=nnx.Rngs(0))
   table = np.array(model.embed.embedding[...])
