@@ -1,4 +1,4 @@
-"""The ``jaxmem`` command: ``train | eval | reproduce | bench | compile`` — thin over the library."""
+"""The ``jaxmem`` command: ``train | eval | sample | reproduce | bench | compile`` — thin over the library."""
 
 from __future__ import annotations
 
@@ -30,6 +30,16 @@ def _parser() -> argparse.ArgumentParser:
   e.add_argument("--workdir", required=True)
   e.add_argument("--split", default="validation", choices=["validation", "test", "train"])
   e.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+
+  s = sub.add_parser("sample", help="sample text from a trained byte LM (jaxmem.generate)")
+  s.add_argument("--workdir", required=True, help="a `jaxmem train` run")
+  s.add_argument("--prompt", required=True, help="text; its UTF-8 bytes are the prompt")
+  s.add_argument("-n", "--max_new_tokens", type=int, default=200, help="bytes to generate")
+  s.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
+  s.add_argument("--top-k", "--top_k", dest="top_k", type=int, default=None)
+  s.add_argument("--top-p", "--top_p", dest="top_p", type=float, default=None)
+  s.add_argument("--seed", type=int, default=0)
+  s.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
 
   r = sub.add_parser("reproduce", help="run registered experiments and write REPORT.md",
                      epilog="Override an experiment's settings with --config.<experiment>.<field>=value.")
@@ -104,6 +114,19 @@ def _dispatch(args, overrides) -> int:
     corpus = load_corpus(cfg.data.corpus, cfg.data.path)
     r = evaluate_bpb(model, corpus[args.split], cfg.data.seq_len, cfg.data.eval_batch_size)
     print(json.dumps({"step": step, "split": args.split, **r}))
+    return 0
+
+  if args.command == "sample":
+    from jaxmem.decode import generate
+    from jaxmem.train import load_trained_lm
+    prompt = args.prompt.encode("utf-8")
+    if not prompt:
+      raise ValueError("`--prompt` must not be empty (its bytes start the sequence).")
+    model, _, _ = load_trained_lm(args.workdir, args.step)
+    out = generate(model, [list(prompt)], args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                   top_p=args.top_p, seed=args.seed)
+    new = bytes(int(t) for t in out[0, len(prompt):])
+    sys.stdout.write(args.prompt + new.decode("utf-8", errors="replace") + "\n")
     return 0
 
   if args.command == "reproduce":

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+import jaxmem
 from jaxmem.cli import main
 from jaxmem.models import bodies
 from jaxmem.train import load_trained_lm
@@ -42,6 +43,14 @@ def test_train_eval_any_body(body, synthetic_data_dir, tmp_path, capsys):
   assert ev["step"] == 8 and ev["bpb"] == pytest.approx(trained["val_bpb"], rel=1e-6)
   model, cfg, _ = load_trained_lm(wd)
   assert type(model) is bodies.lookup(body)[1] and cfg.model.body == body
+  # and samples from it (greedy: the printed bytes are the argmax continuation), or says why it cannot
+  rc = main(["sample", "--workdir", wd, "--prompt", "To be", "-n", "7", "--temperature", "0"])
+  out, err = capsys.readouterr()
+  if hasattr(model, "init_state") and getattr(model, "decodes", lambda: True)():
+    want = jaxmem.generate(model, [list(b"To be")], 7, temperature=0.0)[0, 5:]
+    assert rc == 0 and out == "To be" + bytes(int(t) for t in want).decode("utf-8", "replace") + "\n"
+  else:
+    assert rc == 2 and ("cannot decode" in err or "no token-by-token decoding" in err), err
 
 
 def test_an_experiments_config_passed_to_train_names_reproduce(tmp_path, capsys):
@@ -211,3 +220,28 @@ def test_bench_rasp_quick_prints_ratio(capsys, monkeypatch):
     # tiny size the compiled model's call overhead can make it print as 0.0×)
     c, i, ratio = positive_finite(row[6]), positive_finite(row[7]), float(row[8].rstrip("×"))
     assert (c - 0.5) / (i + 0.5) - 0.05 <= ratio <= (c + 0.5) / max(i - 0.5, 1e-9) + 0.05, row
+
+
+@pytest.mark.slow
+def test_bench_decode_prints_times_state_sizes_and_ratios(capsys, monkeypatch):
+  import jaxmem.bench.decode as bench_decode
+  monkeypatch.setattr(bench_decode, "QUICK", dict(contexts=(8, 24), batches=(2,), n=2, d_model=16, n_layers=1,
+                                                  n_heads=2))
+  assert main(["bench", "decode", "--quick", "--repeats", "1"]) == 0
+  out = capsys.readouterr().out
+  kv = {int(r[1]): r for r in table_rows(out, "softmax (KV cache)")}
+  mem = {int(r[1]): r for r in table_rows(out, "gated delta (state)")}
+  assert set(kv) == set(mem) == {8, 24}
+  for rows in (kv, mem):
+    for r in rows.values():
+      assert all(positive_finite(c.replace(",", "")) for c in r[3:6]), r
+  # the KV cache holds 2 · (C + n) · d_model floats and a length per row; the memory H · d_k² floats and the
+  # short conv's tail: MiB printed to 2 decimals, so compare exactly at these sizes via the state function
+  from jaxmem.bench.decode import _state_bytes
+  models = bench_decode._models(16, 1, 2)
+  assert _state_bytes(models["softmax (KV cache)"], 24, 2) > _state_bytes(models["softmax (KV cache)"], 8, 2)
+  assert _state_bytes(models["gated delta (state)"], 24, 2) == _state_bytes(models["gated delta (state)"], 8, 2)
+  for C in (8, 24):   # the ratio column is the quotient of the two printed ms/token (3 significant digits each)
+    (ratio,) = [r for r in table_rows(out, str(C)) if len(r) == 3]
+    got, want = float(ratio[2].rstrip("×")), float(kv[C][3]) / float(mem[C][3])
+    assert abs(got - want) <= 0.005 + 0.011 * want, (got, want)

@@ -16,7 +16,7 @@ LAYERS = (
     ("kernels", "data"),                                          # pure arithmetic; byte corpora
     ("models",),                                                  # modules
     ("config_files",),                                            # config files (they name model configs)
-    ("train", "tasks", "rasp", "simulator"),                      # loop; generators; compiler; simulator
+    ("train", "tasks", "rasp", "simulator", "decode"),    # loop; generators; compiler; simulator; sampling
     ("experiments", "bench"),                                     # glue: results and benchmarks
     ("cli",),                                                     # the command line
     ("__main__", "__init__"),                                     # entry points

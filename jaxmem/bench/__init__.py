@@ -17,6 +17,7 @@ BENCHES = {
     "precision": "jaxmem.bench.precision:bench_precision",
     "rasp": "jaxmem.bench.rasp:bench_rasp",
     "unimatrix": "jaxmem.bench.unimatrix:bench_unimatrix",
+    "decode": "jaxmem.bench.decode:bench_decode",
 }
 
 

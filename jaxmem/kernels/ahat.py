@@ -21,7 +21,12 @@ float32: exact for integers below 2**24 divided by the count, else one rounding 
 
 Masking: ``causal=True`` lets query ``i`` see keys ``j <= i`` (self-attention, ``T == S``);
 ``mask_BS`` (True = a real key) removes padded keys. A query that sees no key at all
-(possible only through ``mask_BS``) returns zeros, never NaN.
+(possible only through ``mask_BS``, or a negative ``q_offset``) returns zeros, never NaN.
+
+KV cache: ``causal=True, q_offset=length`` (integers ``[B]``, as in
+:func:`jaxmem.kernels.attention.softmax_attention`) reads a cache ``k, v [B, S, H, *]`` of any
+``S``: query ``t`` of row ``b`` sees the keys ``j <= q_offset[b] + t`` (and ``mask_BS`` still
+applies), so keys written later, or never, are not in any argmax set.
 
 The soft limit :func:`soft_attention` is ``softmax(β·s)`` over the same visible keys: as
 ``β → ∞`` it tends to AHAT (the tie set shares the mass evenly); tracr's compiled models are
@@ -46,15 +51,17 @@ import jax
 import jax.numpy as jnp
 
 from jaxmem.checks import check_finite_number, check_rank
-from jaxmem.kernels.attention import MASK_VALUE, check_qkv
+from jaxmem.kernels.attention import MASK_VALUE, check_q_offset, check_qkv
 from jaxmem.kernels.precision import matmul_for
 
 __all__ = ["ahat_attention", "ahat_head", "ahat_weights", "soft_attention", "soft_weights"]
 
 
-def _visible(T: int, S: int, causal: bool, mask_S: Optional[jax.Array]) -> jax.Array:
+def _visible(T: int, S: int, causal: bool, mask_S: Optional[jax.Array], q_offset=None) -> jax.Array:
   vis = jnp.ones((T, S), bool)
-  if causal:
+  if causal and q_offset is not None:
+    vis = jnp.arange(S)[None, :] <= jnp.arange(T)[:, None] + q_offset
+  elif causal:
     vis = jnp.arange(S)[None, :] <= jnp.arange(T)[:, None]
   if mask_S is not None:
     vis = vis & mask_S[None, :].astype(bool)
@@ -86,14 +93,15 @@ def soft_weights(scores_TS: jax.Array, visible_TS: jax.Array, beta: float) -> ja
 
 
 def ahat_head(q_TD, k_SD, v_SE, *, causal: bool = False, mask_S=None, tol: float = 0.0,
-              beta: Optional[float] = None, precision: Any = "highest"):
+              beta: Optional[float] = None, precision: Any = "highest", q_offset=None):
   """One head on ``q [T, D]``, ``k [S, D]``, ``v [S, E]`` → (``[T, E]``, weights ``[T, S]``).
 
-  ``beta=None`` is AHAT; a number is the soft limit ``softmax(β·s)``."""
+  ``beta=None`` is AHAT; a number is the soft limit ``softmax(β·s)``. ``q_offset`` (a scalar int, with
+  ``causal``): query ``t`` sees the keys ``j <= q_offset + t``."""
   dot = matmul_for(precision)
   acc = jnp.promote_types(jnp.result_type(q_TD, k_SD, v_SE), jnp.float32)
   scores = dot.einsum("td,sd->ts", q_TD.astype(acc), k_SD.astype(acc), preferred_element_type=acc)
-  vis = _visible(q_TD.shape[0], k_SD.shape[0], causal, mask_S)
+  vis = _visible(q_TD.shape[0], k_SD.shape[0], causal, mask_S, q_offset)
   if beta is None:
     # Σ_{j∈A} v_j, then one division by |A|: exact for integer values (sums below 2**24),
     # correctly rounded otherwise up to the sum's own rounding — not Σ fl(1/|A|)·v_j
@@ -108,9 +116,11 @@ def ahat_head(q_TD, k_SD, v_SE, *, causal: bool = False, mask_S=None, tol: float
   return out.astype(out_dtype), w
 
 
-def _check(q, k, v, causal, mask_BS, tol):
+def _check(q, k, v, causal, mask_BS, tol, q_offset=None):
   B, T, H, D, S = check_qkv(q, k, v)
-  if causal and T != S:
+  if q_offset is not None:
+    check_q_offset(q_offset, B, causal)
+  elif causal and T != S:
     raise ValueError(f"causal AHAT needs as many queries as keys; got q length {T}, k length {S}.")
   if mask_BS is not None:
     Bm, Sm = check_rank("mask_BS", mask_BS, 2, "B, S")
@@ -121,29 +131,39 @@ def _check(q, k, v, causal, mask_BS, tol):
   return B, T, H, D, S
 
 
-def _run(q, k, v, causal, mask_BS, tol, beta, precision, return_weights):
+def _run(q, k, v, causal, mask_BS, tol, beta, precision, return_weights, q_offset=None):
+  m = mask_BS if mask_BS is not None else jnp.ones(k.shape[:2], bool)
+  if q_offset is not None:
+    head = lambda qh, kh, vh, m, o: ahat_head(qh, kh, vh, causal=True, mask_S=m, tol=tol, beta=beta,
+                                              precision=precision, q_offset=o)
+    per_b = jax.vmap(head, in_axes=(1, 1, 1, None, None), out_axes=(1, 0))
+    out, w = jax.vmap(per_b)(q, k, v, m, check_q_offset(q_offset, q.shape[0], causal))
+    return (out, w) if return_weights else out
   head = lambda qh, kh, vh, m: ahat_head(qh, kh, vh, causal=causal, mask_S=m, tol=tol,
                                          beta=beta, precision=precision)
   # vmap over heads (axis 1 of [T, H, D]) then batch
   per_b = jax.vmap(head, in_axes=(1, 1, 1, None), out_axes=(1, 0))
-  m = mask_BS if mask_BS is not None else jnp.ones(k.shape[:2], bool)
   out, w = jax.vmap(per_b, in_axes=(0, 0, 0, 0))(q, k, v, m)
   return (out, w) if return_weights else out
 
 
 def ahat_attention(q_BTHD, k_BSHD, v_BSHE, *, causal: bool = False, mask_BS=None,
-                   tol: float = 0.0, precision: Any = "highest", return_weights: bool = False):
+                   tol: float = 0.0, precision: Any = "highest", return_weights: bool = False,
+                   q_offset=None):
   """Average hard attention ``[B, T, H, D] × [B, S, H, D] × [B, S, H, E] → [B, T, H, E]``.
 
   Scores are the raw dot products ``q·k`` (no ``1/√D``: scale q if you want it).
-  ``return_weights=True`` also returns the attention map ``[B, H, T, S]``."""
-  _check(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, tol)
-  return _run(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, float(tol), None, precision, return_weights)
+  ``return_weights=True`` also returns the attention map ``[B, H, T, S]``. ``q_offset`` (integers ``[B]``,
+  with ``causal=True``): query ``t`` of row ``b`` sees the keys ``j <= q_offset[b] + t`` of any ``S`` (a KV
+  cache, :func:`jaxmem.kernels.attention.kv_cache_append`)."""
+  _check(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, tol, q_offset)
+  return _run(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, float(tol), None, precision, return_weights, q_offset)
 
 
 def soft_attention(q_BTHD, k_BSHD, v_BSHE, *, beta: float, causal: bool = False, mask_BS=None,
-                   precision: Any = "highest", return_weights: bool = False):
-  """The soft limit of :func:`ahat_attention`: ``softmax(β · q·k)`` over the visible keys."""
-  _check(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, 0.0)
+                   precision: Any = "highest", return_weights: bool = False, q_offset=None):
+  """The soft limit of :func:`ahat_attention`: ``softmax(β · q·k)`` over the visible keys (``q_offset`` as
+  there)."""
+  _check(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, 0.0, q_offset)
   check_finite_number("beta", beta, positive=True)
-  return _run(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, 0.0, float(beta), precision, return_weights)
+  return _run(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, 0.0, float(beta), precision, return_weights, q_offset)

@@ -19,9 +19,20 @@ The default ``None`` is the platform's default, as in every mainstream attention
 bfloat16 operands on TPU, TF32 on recent GPUs (logits then carry ~1e-2 / ~1e-3 relative
 error); pass ``"highest"`` for float32 operands everywhere.
 
+KV cache (decoding): :func:`kv_cache_init` allocates ``k, v [B, max_len, H, *]`` and per-row
+lengths ``[B]``; :func:`kv_cache_append` writes a chunk of ``T`` keys and values at each row's
+positions ``length .. length + T − 1``; ``softmax_attention(q, cache["k"], cache["v"],
+q_offset=length before the append)`` reads it: query ``t`` of row ``b`` is the token at
+position ``q_offset[b] + t`` and sees the cache positions ``s ≤ q_offset[b] + t`` (one masked
+matmul over the whole cache per head; unwritten positions are masked). Rows may be at different
+positions. Nothing is ever wrapped around: writes at positions ``≥ max_len`` are dropped and
+the length still grows, so a row past ``max_len`` reads its first ``max_len`` tokens (finite,
+no NaN) and its ``length > max_len`` says so; the caller (a model's ``generate``) checks
+lengths on the host before it decodes.
+
 Invariant tested (tests/kernels/test_attention.py): equals ``jax.nn.dot_product_attention``
 and an independent numpy loop, values and gradients, on odd ``T`` and ``D``, for self-
-and cross-attention.
+and cross-attention; with ``q_offset``, equals the loop over each row's visible prefix.
 """
 
 from __future__ import annotations
@@ -48,8 +59,12 @@ def attention_head(
     causal: bool,
     scale: float,
     dot: Matmul = _PLATFORM_DEFAULT,
+    q_offset: Optional[jax.Array] = None,
 ) -> jax.Array:
-  """One head of softmax attention on ``q [T, D]``, ``k [S, D]``, ``v [S, E]`` -> ``[T, E]``."""
+  """One head of softmax attention on ``q [T, D]``, ``k [S, D]``, ``v [S, E]`` -> ``[T, E]``.
+
+  ``q_offset`` (a scalar int, with ``causal``): query ``t`` is at position ``q_offset + t`` and sees the
+  keys ``s ≤ q_offset + t``."""
   acc = jnp.promote_types(jnp.result_type(q_TD, k_SD, v_SE), jnp.float32)  # >= float32
   logits_TS = dot.einsum(
       "td,sd->ts", q_TD, k_SD, preferred_element_type=acc
@@ -57,6 +72,8 @@ def attention_head(
   if causal:
     t_idx = jnp.arange(q_TD.shape[0])[:, None]
     s_idx = jnp.arange(k_SD.shape[0])[None, :]
+    if q_offset is not None:
+      t_idx = t_idx + q_offset
     logits_TS = jnp.where(s_idx <= t_idx, logits_TS, MASK_VALUE)
   weights_TS = jax.nn.softmax(logits_TS, axis=-1)
   out_TE = dot.einsum(
@@ -91,27 +108,39 @@ def softmax_attention(
     causal: bool = True,
     scale: Optional[float] = None,
     precision: Any = None,
+    q_offset: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Multi-head softmax attention.
 
   Args:
     q: queries ``[B, T, H, D]``.
     k: keys ``[B, S, H, D]``; ``S`` may differ from ``T`` only when ``causal=False``
-      (cross-attention).
+      (cross-attention) or with ``q_offset`` (a KV cache).
     v: values ``[B, S, H, E]``; the value width ``E`` may differ from ``D``.
-    causal: if True, query ``t`` sees keys ``0..t`` only (requires ``S == T``).
+    causal: if True, query ``t`` sees keys ``0..t`` only (requires ``S == T`` unless ``q_offset`` is given).
     scale: logit scale; ``1/sqrt(D)`` when None.
     precision: matmul precision (:mod:`jaxmem.kernels.precision`); None: platform default.
+    q_offset: None, or the position of each row's first query, integers ``[B]`` (or one for every row;
+      needs ``causal=True``): query ``t`` of row ``b`` sees the keys ``s ≤ q_offset[b] + t`` of any
+      ``S`` (a KV cache, :func:`kv_cache_append`). A query that sees no key (``q_offset[b] + t < 0``)
+      has every logit masked: it averages all ``S`` values uniformly, finite as any fully masked row.
 
   Returns:
     ``[B, T, H, E]`` in the dtype of ``v``.
 
   Raises:
     ValueError: on wrong ranks, non-floating dtypes, mismatched batch/heads/feature/length sizes, a causal
-      call with ``S != T``, a non-finite ``scale``, or an unknown ``precision``.
+      call with ``S != T`` (and no ``q_offset``), a ``q_offset`` without ``causal`` or not integers of shape
+      ``[B]``, a non-finite ``scale``, or an unknown ``precision``.
   """
   dot = matmul_for(precision)
-  _, T, _, D, S = check_qkv(q, k, v, floating=True)
+  B, T, _, D, S = check_qkv(q, k, v, floating=True)
+  if q_offset is not None:
+    offset_B = check_q_offset(q_offset, B, causal)
+    scale = D ** -0.5 if scale is None else check_finite_number("scale", scale)
+    head = lambda q_, k_, v_, o_: attention_head(q_, k_, v_, causal=True, scale=scale, dot=dot, q_offset=o_)
+    over_heads = jax.vmap(head, in_axes=(1, 1, 1, None), out_axes=1)
+    return jax.vmap(over_heads)(q, k, v, offset_B)
   if causal and S != T:
     raise ValueError(
         f"causal attention needs equal query and key lengths, got q length {T} and "
@@ -122,3 +151,67 @@ def softmax_attention(
   head = lambda q_, k_, v_: attention_head(q_, k_, v_, causal=causal, scale=scale, dot=dot)
   over_heads = jax.vmap(head, in_axes=1, out_axes=1)  # [T, H, D] -> [T, H, E]
   return jax.vmap(over_heads)(q, k, v)  # over batch
+
+
+def check_q_offset(q_offset, batch_size: int, causal: bool = True) -> jax.Array:
+  """Validates a ``q_offset`` (integers, shape ``[B]`` or ``[]``, with ``causal``); returns it as ``[B]``
+  int32."""
+  if not causal:
+    raise ValueError("`q_offset` places causal queries in a longer key sequence; it needs causal=True.")
+  offset = jnp.asarray(q_offset)
+  if not jnp.issubdtype(offset.dtype, jnp.integer):
+    raise ValueError(f"`q_offset` must hold integers (positions), got dtype {offset.dtype}.")
+  if offset.shape not in ((), (batch_size,)):
+    raise ValueError(f"`q_offset` must have shape (B,) = ({batch_size},) or be one int, got {offset.shape}.")
+  return jnp.broadcast_to(offset.astype(jnp.int32), (batch_size,))
+
+
+# -- KV cache: what a decoding attention layer keeps ----------------------------------------------------
+
+
+def kv_cache_init(batch_size: int, max_len: int, n_heads: int, d_key: int, d_value: Optional[int] = None,
+                  dtype: Any = jnp.float32) -> dict:
+  """An empty cache: ``{"k": [B, max_len, H, d_key], "v": [B, max_len, H, d_value] (zeros, dtype),
+  "length": [B] int32 (tokens written per row, 0)}``; ``d_value`` defaults to ``d_key``."""
+  d_value = d_key if d_value is None else d_value
+  return {"k": jnp.zeros((batch_size, max_len, n_heads, d_key), dtype),
+          "v": jnp.zeros((batch_size, max_len, n_heads, d_value), dtype),
+          "length": jnp.zeros((batch_size,), jnp.int32)}
+
+
+def check_kv_cache(cache: dict, k_BTHD: jax.Array, v_BTHE: jax.Array) -> int:
+  """Validates a cache from :func:`kv_cache_init` against a chunk ``k [B, T, H, D]``, ``v [B, T, H, E]``;
+  returns ``max_len``."""
+  if not isinstance(cache, dict) or not {"k", "v", "length"} <= set(cache):
+    raise ValueError("a KV cache is a dict with 'k', 'v' and 'length' (kv_cache_init).")
+  B, S, H, D = check_rank("cache['k']", cache["k"], 4, "B, max_len, H, D")
+  Bv, Sv, Hv, E = check_rank("cache['v']", cache["v"], 4, "B, max_len, H, E")
+  (Bl,) = check_rank("cache['length']", cache["length"], 1, "B")
+  check_equal("cache batch sizes", k=B, v=Bv, length=Bl, chunk_k=k_BTHD.shape[0], chunk_v=v_BTHE.shape[0])
+  check_equal("cache lengths (max_len)", k=S, v=Sv)
+  check_equal("cache heads", k=H, v=Hv, chunk_k=k_BTHD.shape[2], chunk_v=v_BTHE.shape[2])
+  check_equal("cache key widths", cache=D, chunk=k_BTHD.shape[3])
+  check_equal("cache value widths", cache=E, chunk=v_BTHE.shape[3])
+  check_equal("chunk lengths", k=k_BTHD.shape[1], v=v_BTHE.shape[1])
+  return S
+
+
+def cache_write(buffer_BS: jax.Array, length_B: jax.Array, new_BT: jax.Array) -> jax.Array:
+  """``buffer [B, S, ...]`` with ``new [B, T, ...]`` written at each row's positions
+  ``length .. length + T − 1`` (one scatter, static shapes); positions ``≥ S`` are dropped, never wrapped."""
+  B, T = new_BT.shape[:2]
+  rows = jnp.arange(B)[:, None]
+  positions_BT = length_B.astype(jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+  return buffer_BS.at[rows, positions_BT].set(new_BT.astype(buffer_BS.dtype), mode="drop")
+
+
+def kv_cache_append(cache: dict, k_BTHD: jax.Array, v_BTHE: jax.Array) -> dict:
+  """The cache with ``k [B, T, H, D]``, ``v [B, T, H, E]`` written at each row's positions
+  ``length .. length + T − 1`` and ``length + T``: static shapes (no recompilation per step or per length).
+
+  Past ``max_len`` nothing wraps: the writes that do not fit are dropped and ``length`` still grows (the
+  caller checks lengths on the host; a read past the end sees the first ``max_len`` tokens, finite)."""
+  check_kv_cache(cache, k_BTHD, v_BTHE)
+  length = cache["length"]
+  return {**cache, "k": cache_write(cache["k"], length, k_BTHD), "v": cache_write(cache["v"], length, v_BTHE),
+          "length": length + k_BTHD.shape[1]}

@@ -17,6 +17,12 @@ Its reverse pass stores the ``[T, D]`` memory per step (``O(T² D)``); use
 
 Cross-attention is an sDNC with a second memory written once, all at the start, by the
 encoder (:func:`sdnc_cross_attention`).
+
+Decoding: the memory *is* a KV cache (:func:`jaxmem.kernels.attention.kv_cache_init`: ``k, v
+[B, max_len, H, *]`` and the slots written per row, ``length [B]``). :func:`sdnc_scan` runs the
+same write-then-read steps from a memory that already holds ``length`` slots (the write pointer
+starts there, per row), and returns the memory after the chunk. The hybrids' cached form
+(:func:`sdnc_hybrid_scan`) is below.
 """
 
 from __future__ import annotations
@@ -27,7 +33,14 @@ import jax
 import jax.numpy as jnp
 
 from jaxmem.checks import check_finite_number
-from jaxmem.kernels.attention import MASK_VALUE, check_qkv
+from jaxmem.kernels.attention import (
+  MASK_VALUE,
+  cache_write,
+  check_kv_cache,
+  check_qkv,
+  kv_cache_append,
+  kv_cache_init,
+)
 from jaxmem.kernels.segsum import segsum
 
 
@@ -82,6 +95,47 @@ def sdnc_attention(q, k, v, *, scale: Optional[float] = None, return_weights: bo
   head = lambda q_, k_, v_: sdnc_head(q_, k_, v_, scale=scale)
   reads, weights = jax.vmap(jax.vmap(head, in_axes=1, out_axes=(1, 0)))(q, k, v)
   return (reads, weights) if return_weights else reads
+
+
+def sdnc_memory_head(K_SD, V_SE, length, q_TD, k_TD, v_TE, *, scale):
+  """:func:`sdnc_head` from a memory ``K [S, D]``, ``V [S, E]`` whose first ``length`` slots are written:
+  step ``t`` writes slot ``length + t`` (dropped past ``S``, never wrapped) and reads the written slots
+  ``s <= length + t``. Returns ``(K, V, reads [T, E])``."""
+  S = K_SD.shape[0]
+
+  def step(mem, inputs):
+    K, V = mem
+    slot, q_t, k_t, v_t = inputs
+    K, V = K.at[slot].set(k_t.astype(K.dtype), mode="drop"), V.at[slot].set(v_t.astype(V.dtype), mode="drop")
+    _, r = _content_read(K, V, jnp.arange(S) <= slot, q_t, scale)
+    return (K, V), r
+
+  slots = length + jnp.arange(q_TD.shape[0], dtype=jnp.int32)
+  (K, V), reads = jax.lax.scan(step, (K_SD, V_SE), (slots, q_TD, k_TD, v_TE))
+  return K, V, reads.astype(v_TE.dtype)
+
+
+def sdnc_scan(memory: dict, q, k, v, *, scale: Optional[float] = None):
+  """:func:`sdnc_attention` from a memory that already holds tokens (decoding, a prompt's prefill).
+
+  Args:
+    memory: ``{"k": [B, S, H, D], "v": [B, S, H, E], "length": [B] int32}``
+      (:func:`jaxmem.kernels.attention.kv_cache_init`): row ``b``'s slots ``0 .. length[b] − 1`` are written.
+    q, k: ``[B, T, H, D]``; v: ``[B, T, H, E]``: the next ``T`` tokens of every row.
+    scale: content-address temperature, ``1/sqrt(D)`` when None.
+
+  Returns:
+    ``(memory after the chunk, reads [B, T, H, E])``; from an empty memory of ``S ≥ T`` slots the reads are
+    :func:`sdnc_attention`'s. Writes past ``S`` are dropped and ``length`` still grows (the caller checks
+    lengths on the host; such a read sees the first ``S`` tokens, finite).
+  """
+  D = _check_qkv(q, k, v, same_length=True)
+  check_kv_cache(memory, k, v)
+  scale = D ** -0.5 if scale is None else check_finite_number("scale", scale)
+  head = lambda K, V, n, q_, k_, v_: sdnc_memory_head(K, V, n, q_, k_, v_, scale=scale)
+  per_row = jax.vmap(head, in_axes=(1, 1, None, 1, 1, 1), out_axes=(1, 1, 1))  # over heads
+  K, V, reads = jax.vmap(per_row)(memory["k"], memory["v"], memory["length"], q, k, v)
+  return {**memory, "k": K, "v": V, "length": memory["length"] + q.shape[1]}, reads
 
 
 def sdnc_cross_attention(q, k_mem, v_mem, *, scale: Optional[float] = None):
@@ -197,7 +251,7 @@ def hybrid_memory_head(q_TD, k_TD, v_TE, write_TL, erase_TL, modes_T3, *, scale)
   return reads.astype(v_TE.dtype)
 
 
-def _hybrid_apply(head_fn, q, k, v, write_gate, erase_gate, read_modes, scale):
+def _check_hybrid(q, k, v, write_gate, erase_gate, read_modes, scale) -> float:
   B, T, H, D, _ = check_qkv(q, k, v, heads="numbers of heads (read heads)", floating=True)
   if k.shape[1] != T:
     raise ValueError(f"the hybrid memory writes one slot per query: q length {T} != k length {k.shape[1]}.")
@@ -205,7 +259,11 @@ def _hybrid_apply(head_fn, q, k, v, write_gate, erase_gate, read_modes, scale):
                          ("read_modes", read_modes, (3,))):
     if x is not None and tuple(x.shape) != (B, T, H) + extra:
       raise ValueError(f"`{name}` must have shape {[B, T, H, *extra]}, got {list(x.shape)}.")
-  scale = D ** -0.5 if scale is None else check_finite_number("scale", scale)
+  return D ** -0.5 if scale is None else check_finite_number("scale", scale)
+
+
+def _hybrid_apply(head_fn, q, k, v, write_gate, erase_gate, read_modes, scale):
+  scale = _check_hybrid(q, k, v, write_gate, erase_gate, read_modes, scale)
   args = [q, k, v]
   axes = [1, 1, 1]
   for x in (write_gate, erase_gate, read_modes):
@@ -236,3 +294,105 @@ def sdnc_hybrid_memory(q, k, v, *, write_gate=None, erase_gate=None, read_modes=
                        scale: Optional[float] = None):
   """:func:`sdnc_hybrid_attention` computed as a literal memory scan (slow; the reference)."""
   return _hybrid_apply(hybrid_memory_head, q, k, v, write_gate, erase_gate, read_modes, scale)
+
+
+# -- the hybrids' cached form: a KV cache plus each slot's log presence ----------------------------------
+#
+# Every term of the hybrid read is a function of the written slots alone, so a cache holds it: the
+# selective write and the erase act on the read only through a per-slot, per-head log presence
+# p_s(t) = log g_s + Σ_{s<τ≤t} log f_τ (the memory scan's ``log_presence``), advanced by a chunk's
+# retentions; the link reads of a write-once memory use the current read weights and the link
+# matrix, which is the shift between neighbouring slots (no earlier read weights, no link matrix
+# to carry): forward reads V[s + 1], backward V[s − 1], both in the cache.
+
+
+def sdnc_hybrid_init(batch_size: int, max_len: int, n_heads: int, d_key: int, d_value: Optional[int] = None,
+                     dtype=jnp.float32, *, presence: bool) -> dict:
+  """An empty memory for :func:`sdnc_hybrid_scan`: the KV cache of
+  :func:`jaxmem.kernels.attention.kv_cache_init`, plus, when ``presence`` (a write gate or erase is used),
+  ``"presence"``: each slot's log presence ``[B, max_len, H]`` (float32 at least)."""
+  memory = kv_cache_init(batch_size, max_len, n_heads, d_key, d_value, dtype)
+  if presence:
+    memory["presence"] = jnp.zeros((batch_size, max_len, n_heads), jnp.promote_types(dtype, jnp.float32))
+  return memory
+
+
+def hybrid_cache_head(K_SD, V_SE, P_S, length, q_TD, erase_TL, modes_T3, *, scale):
+  """One head of the hybrid read of a chunk of ``T`` queries at positions ``length + t`` from a cache
+  ``K [S, D]``, ``V [S, E]`` that already holds the chunk's keys and values, and ``P [S]`` (or None): the
+  log presences at the chunk's start, with the chunk's own write strengths ``log g`` at its slots.
+  One masked ``[T, S]`` read (the parallel form of :func:`hybrid_head` on the cache). Returns
+  ``(reads [T, E] in float32 at least, P after the chunk or None)``."""
+  T, S = q_TD.shape[0], K_SD.shape[0]
+  acc = jnp.promote_types(jnp.result_type(q_TD, K_SD, V_SE), jnp.float32)
+  logits = jnp.einsum("td,sd->ts", q_TD, K_SD, preferred_element_type=acc) * jnp.asarray(scale, acc)
+  s_idx = jnp.arange(S)
+  position_T = length + jnp.arange(T)
+  P_new = None
+  if P_S is not None:
+    logits = logits + P_S.astype(acc)[None, :]
+    P_new = P_S
+    if erase_TL is not None:
+      # the retentions of chunk steps τ with slot(s) < length + τ ≤ length + t: a segment sum over
+      # [0, log f_0 .. log f_{T−1}], column 0 for the older slots, column j + 1 for the chunk's slot j
+      seg = segsum(jnp.concatenate([jnp.zeros((1,), acc), _log_sigmoid(erase_TL).astype(acc)]), fill=0.0)
+      column_S = jnp.clip(s_idx - length + 1, 0, T)
+      decay_TS = seg[1:, column_S]   # slots after the query (or unwritten) get 0 (and are masked)
+      logits = logits + decay_TS
+      P_new = P_S + decay_TS[-1].astype(P_S.dtype)
+  visible = s_idx[None, :] <= position_T[:, None]
+  w = jax.nn.softmax(jnp.where(visible, logits, MASK_VALUE), axis=-1)
+  v = V_SE.astype(acc)
+  out = w @ v
+  if modes_T3 is not None:
+    pi = jax.nn.softmax(modes_T3.astype(acc), axis=-1)
+    zero = jnp.zeros_like(v[:1])
+    v_next = jnp.concatenate([v[1:], zero])    # V[s+1]; read only for s < the query's own slot
+    v_prev = jnp.concatenate([zero, v[:-1]])   # V[s-1]; slot 0 has no predecessor
+    forward = jnp.where(s_idx[None, :] < position_T[:, None], w, 0.0) @ v_next
+    backward = w @ v_prev
+    out = pi[:, 0:1] * backward + pi[:, 1:2] * out + pi[:, 2:3] * forward
+  return out, P_new
+
+
+def sdnc_hybrid_scan(memory: dict, q, k, v, *, write_gate=None, erase_gate=None, read_modes=None,
+                     scale: Optional[float] = None):
+  """:func:`sdnc_hybrid_attention` from a memory that already holds tokens (decoding, a prompt's prefill).
+
+  Args:
+    memory: from :func:`sdnc_hybrid_init` (``presence=True`` when ``write_gate`` or ``erase_gate`` is given),
+      or a memory this function returned: row ``b``'s slots ``0 .. length[b] − 1`` are written.
+    q, k, v, write_gate, erase_gate, read_modes, scale: as in :func:`sdnc_hybrid_attention`, for the next
+      ``T`` tokens of every row.
+
+  Returns:
+    ``(memory after the chunk, reads [B, T, H, E])``: from an empty memory, :func:`sdnc_hybrid_attention`'s
+    reads; chunk by chunk, the same. Writes past ``max_len`` are dropped and ``length`` still grows (the
+    caller checks lengths on the host; such reads stay finite).
+  """
+  scale = _check_hybrid(q, k, v, write_gate, erase_gate, read_modes, scale)
+  check_kv_cache(memory, k, v)
+  presence = memory.get("presence")
+  if presence is None and (write_gate is not None or erase_gate is not None):
+    raise ValueError("a write gate or erase needs the memory's slot presences: "
+                     "sdnc_hybrid_init(..., presence=True).")
+  length = memory["length"]
+  new = kv_cache_append(memory, k, v)
+  if presence is not None:
+    log_g = (jnp.zeros(q.shape[:3], presence.dtype) if write_gate is None
+             else _log_sigmoid(write_gate).astype(presence.dtype))
+    presence = cache_write(presence, length, log_g)   # slot t is written with strength g_t
+  # vmap over heads, then rows; absent inputs (None) are passed through unbatched
+  args = (new["k"], new["v"], presence, length, q, erase_gate, read_modes)
+  head_axes = (1, 1, 1, None, 1, 1, 1)
+  row_axes = (0, 0, 0, 0, 0, 0, 0)
+  if presence is None:
+    head = lambda K, V, _, n, q_, e, m: (hybrid_cache_head(K, V, None, n, q_, e, m, scale=scale)[0], None)
+  else:
+    head = lambda K, V, P, n, q_, e, m: hybrid_cache_head(K, V, P, n, q_, e, m, scale=scale)
+  head_axes = tuple(None if a is None else ax for a, ax in zip(args, head_axes, strict=True))
+  row_axes = tuple(None if a is None else ax for a, ax in zip(args, row_axes, strict=True))
+  reads, presence = jax.vmap(jax.vmap(head, in_axes=head_axes, out_axes=1), in_axes=row_axes)(*args)
+  if presence is not None:
+    new["presence"] = presence
+  return new, reads.astype(v.dtype)

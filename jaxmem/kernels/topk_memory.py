@@ -17,6 +17,13 @@ fused kernel); the top-K selection is ``lax.top_k`` on it. Gradients flow throug
 scores and values; the selection itself is piecewise constant. Empty reads give exactly
 0 in values and gradients (no ``softmax`` over an all-``−inf`` row).
 
+KV cache (decoding): with ``q_offset`` (integers ``[B]``, as in
+:func:`jaxmem.kernels.attention.softmax_attention`) ``k, v [B, S, H, *]`` are a cache of any ``S`` (each
+row's entries at positions ``0 .. S − 1``) and query ``t`` of row ``b`` is the token at position
+``q_offset[b] + t``: it reads the entries ``j < q_offset[b] + t``. With fewer than ``K`` of them it keeps
+those that exist, as the sequence form does at early positions (the rest weigh exactly 0, selected away);
+an empty read is 0.
+
 Tested against a per-token numpy loop in ``tests/kernels/test_topk_memory.py``.
 """
 
@@ -29,11 +36,12 @@ import jax.numpy as jnp
 
 from jaxmem.checks import check_equal, check_finite_number, check_floating, check_positive_int, check_rank
 from jaxmem.kernels.assoc import l2_normalize
+from jaxmem.kernels.attention import check_q_offset
 from jaxmem.kernels.precision import matmul_for
 
 
 def topk_memory_read(q: jax.Array, k: jax.Array, v: jax.Array, *, top_k: int = 8, temperature: float = 8.0,
-                     precision: Any = "highest") -> jax.Array:
+                     precision: Any = "highest", q_offset=None) -> jax.Array:
   """Top-K cosine read of the append-only memory of earlier tokens (equations in the module docstring).
 
   Args:
@@ -42,6 +50,8 @@ def topk_memory_read(q: jax.Array, k: jax.Array, v: jax.Array, *, top_k: int = 8
     top_k: entries kept per read (``K``); reads at ``t < K`` keep the ``t`` that exist.
     temperature: ``τ`` in ``softmax(τ · cos)``; finite and > 0.
     precision: matmul precision (:mod:`jaxmem.kernels.precision`).
+    q_offset: None, or integers ``[B]``: the position of each row's first query in ``k, v [B, S, H, *]``,
+      a cache of any length ``S``; query ``t`` of row ``b`` reads the entries ``j < q_offset[b] + t``.
 
   Returns:
     ``o [B, T, H, D_v]`` in the dtype of ``v`` (computed in float32 at least).
@@ -50,7 +60,11 @@ def topk_memory_read(q: jax.Array, k: jax.Array, v: jax.Array, *, top_k: int = 8
   Bk, Tk, Hk, Dk = check_rank("k", k, 4, "B, T, H, D")
   Bv, Tv, Hv, _ = check_rank("v", v, 4, "B, T, H, D_v")
   check_equal("batch sizes", q=B, k=Bk, v=Bv)
-  check_equal("lengths", q=T, k=Tk, v=Tv)
+  if q_offset is None:
+    check_equal("lengths", q=T, k=Tk, v=Tv)
+  else:
+    check_equal("key/value lengths", k=Tk, v=Tv)
+    offset_B = check_q_offset(q_offset, B)
   check_equal("numbers of heads", q=H, k=Hk, v=Hv)
   check_equal("key widths", q=D, k=Dk)
   check_floating(q=q, k=k, v=v)
@@ -62,8 +76,12 @@ def topk_memory_read(q: jax.Array, k: jax.Array, v: jax.Array, *, top_k: int = 8
   acc = jnp.promote_types(jnp.result_type(q, k, v), jnp.float32)
   qn, kn = l2_normalize(q.astype(acc)), l2_normalize(k.astype(acc))
   s_BHTJ = dot.einsum("bthd,bjhd->bhtj", qn, kn)
-  earlier = jnp.arange(T)[:, None] > jnp.arange(T)[None, :]  # j < t: written before the read
-  K = min(top_k, T)
+  if q_offset is None:
+    earlier = jnp.arange(T)[:, None] > jnp.arange(T)[None, :]  # j < t: written before the read
+  else:   # [B, 1, T, S]: j < q_offset + t
+    earlier = (offset_B[:, None, None, None] + jnp.arange(T)[None, None, :, None]
+               > jnp.arange(Tk)[None, None, None, :])
+  K = min(top_k, Tk)
   s_BHTJ = jnp.where(earlier, s_BHTJ, -jnp.inf)
   vals_BHTK, idx_BHTK = jax.lax.top_k(s_BHTJ, K)
   valid = jnp.isfinite(vals_BHTK)

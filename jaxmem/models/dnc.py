@@ -83,6 +83,13 @@ class DNC(nnx.Module):
     return jnp.clip(x, -c, c) if c else x
 
   def __call__(self, x_BTC: jax.Array, *, return_state: bool = False):
+    """``y [B, T, output_dim]`` from :meth:`initial_state`; with ``return_state`` also the final memory."""
+    final, ys = self.scan(self.initial_state(x_BTC.shape[0]), x_BTC)
+    return (ys, final[2]) if return_state else ys
+
+  def scan(self, state, x_BTC: jax.Array) -> tuple:
+    """The recurrence from ``state`` (:meth:`initial_state`'s structure: controller ``h, c``, memory, last
+    reads): ``(state after the last step, y [B, T, output_dim])``."""
     check_rank("x", x_BTC, 3, "B, T, input_dim")
     if x_BTC.shape[-1] != self.cfg.input_dim:
       raise ValueError(f"`x` has {x_BTC.shape[-1]} channels, DNCConfig.input_dim={self.cfg.input_dim}.")
@@ -112,9 +119,8 @@ class DNC(nnx.Module):
 
     if cfg.remat:
       step = jax.checkpoint(step)
-    final, ys = jax.lax.scan(step, self.initial_state(B), jnp.swapaxes(x_BTC, 0, 1))
-    ys = jnp.swapaxes(ys, 0, 1)
-    return (ys, final[2]) if return_state else ys
+    final, ys = jax.lax.scan(step, state, jnp.swapaxes(x_BTC, 0, 1))
+    return final, jnp.swapaxes(ys, 0, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +179,23 @@ class DNCLM(nnx.Module):
   def __call__(self, tokens_BT: jax.Array) -> jax.Array:
     check_rank("tokens", tokens_BT, 2, "B, T")
     return self.dnc(self.embed(token_ids(tokens_BT, self.cfg.vocab_size))).astype(jnp.float32)
+
+  # decoding (jaxmem.generate): the DNC's carried state, whatever the context length
+  def init_state(self, batch_size: int, max_len: int):
+    """The DNC's state before the first token (its size does not depend on ``max_len``)."""
+    del max_len
+    return self.dnc.initial_state(batch_size)
+
+  def scan(self, state, tokens_BT: jax.Array) -> tuple:
+    """``(state, tokens [B, T]) -> (state, logits [B, T, vocab_size])``."""
+    check_rank("tokens", tokens_BT, 2, "B, T")
+    state, y = self.dnc.scan(state, self.embed(token_ids(tokens_BT, self.cfg.vocab_size)))
+    return state, y.astype(jnp.float32)
+
+  def step(self, state, tokens_B: jax.Array) -> tuple:
+    """One token per row: ``(state, tokens [B]) -> (state, logits [B, vocab_size])``."""
+    state, y = self.scan(state, tokens_B[:, None])
+    return state, y[:, 0]
 
 
 bodies.register("dnc", DNCLMConfig, DNCLM)

@@ -171,6 +171,23 @@ class Block(nnx.Module):
     x = x + self.attn(self.ln1(x))
     return x if self.ffn is None else x + self.ffn(self.ln2(x))
 
+  def init_state(self, batch_size: int, max_len: int) -> dict:
+    """The decoding state of the block's mixers: ``{"attn": ..., "ffn": ... or None}`` (the MLP keeps none)."""
+    ffn = self.ffn.init_state(batch_size, max_len) if isinstance(self.ffn, mixers.Mixer) else None
+    return {"attn": self.attn.init_state(batch_size, max_len), "ffn": ffn}
+
+  def scan(self, state: dict, x: jax.Array) -> tuple:
+    """The block on ``x [B, T, d_model]`` from a decoding state: ``(state, y)``."""
+    attn, y = self.attn.scan(state["attn"], self.ln1(x))
+    x = x + y
+    ffn = state["ffn"]
+    if isinstance(self.ffn, mixers.Mixer):
+      ffn, y = self.ffn.scan(ffn, self.ln2(x))
+      x = x + y
+    elif self.ffn is not None:
+      x = x + self.ffn(self.ln2(x))
+    return {"attn": attn, "ffn": ffn}, x
+
 
 class TransformerLM(nnx.Module):
   """Decoder-only LM: ``tokens [B, T] -> logits [B, T, vocab]`` (float32)."""
@@ -250,6 +267,86 @@ class TransformerLM(nnx.Module):
   def __call__(self, tokens_BT: jax.Array) -> jax.Array:
     return self.logits_from_embeddings(self.embed_tokens(tokens_BT))
 
+  # -- decoding: init_state / scan / step (jaxmem.generate builds on these) ----------------------------------
+
+  def decodes(self) -> bool:
+    """Whether every mixer of the model (each layer's, and one in the ffn slot) can decode token by token."""
+    cfgs = list(self.cfg.pattern) + ([self.cfg.ffn] if isinstance(self.cfg.ffn, MixerConfig) else [])
+    return all(mixers.lookup(c.name)[1].decodes() and mixers.lookup(c.name)[1].scans() for c in cfgs)
+
+  def _check_decodes(self) -> None:
+    if self.cfg.input_dim:
+      raise ValueError("decoding needs token inputs (TransformerConfig.input_dim=0).")
+    cfgs = list(self.cfg.pattern) + ([self.cfg.ffn] if isinstance(self.cfg.ffn, MixerConfig) else [])
+    missing = sorted({c.name for c in cfgs if not (mixers.lookup(c.name)[1].decodes()
+                                                    and mixers.lookup(c.name)[1].scans())})
+    if missing:
+      raise ValueError(f"mixer(s) {missing} of this model have no token-by-token decoding (init_state / step / "
+                       f"scan); the mixers that decode: "
+                       f"{[n for n in mixers.names() if mixers.lookup(n)[1].decodes()]}.")
+
+  def init_state(self, batch_size: int, max_len: int) -> dict:
+    """The decoding state before the first token, for sequences of up to ``max_len`` tokens: ``{"pos": [B]
+    int32 (tokens read so far, per row), "layers": each stack's block states (stacked on the layer axis),
+    "ngram": the last ``ngram_inputs − 1`` token embeddings [B, n − 1, d_model] or None}``."""
+    self._check_decodes()
+    if self.cfg.positions == "learned" and max_len > self.cfg.max_len:
+      raise ValueError(f"`max_len`={max_len} exceeds the {self.cfg.max_len} learned positions of this model "
+                       f"(TransformerConfig.max_len).")
+    cfg, P = self.cfg, len(self.cfg.pattern)
+    repeats = cfg.n_layers // P
+
+    def stacked(mixer_cfg):
+      block = nnx.eval_shape(lambda: Block(cfg, mixer_cfg, rngs=nnx.Rngs(0)))
+      one = block.init_state(batch_size, max_len)
+      return jax.tree.map(lambda x: jnp.broadcast_to(x, (repeats,) + x.shape), one)
+
+    layers = stacked(cfg.pattern[0]) if P == 1 else tuple(stacked(m) for m in cfg.pattern)
+    n = cfg.ngram_inputs
+    ngram = jnp.zeros((batch_size, n - 1, cfg.d_model), jnp.dtype(cfg.dtype)) if n > 1 else None
+    return {"pos": jnp.zeros((batch_size,), jnp.int32), "layers": layers, "ngram": ngram}
+
+  def scan(self, state: dict, tokens_BT: jax.Array) -> tuple:
+    """``T`` more tokens of every row from ``state``: ``(state, logits [B, T, vocab] float32)``, equal to the
+    corresponding rows of :meth:`__call__` on the whole sequence. Positions continue from ``state["pos"]``
+    (per row). Learned positions past ``max_len`` cannot be checked under ``jit``: they are clamped to the
+    last one, so check lengths first (``jaxmem.generate`` does)."""
+    cfg = self.cfg
+    check_rank("tokens", tokens_BT, 2, "B, T")
+    tokens_BT = token_ids(tokens_BT, cfg.vocab_size)
+    T = tokens_BT.shape[1]
+    pos_BT = state["pos"][:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+    x = self.embed(tokens_BT)
+    ngram = state["ngram"]
+    if self.ngram is not None:
+      n = cfg.ngram_inputs
+      seq = jnp.concatenate([ngram.astype(x.dtype), x], axis=1)   # [B, n − 1 + T, d]
+      window = [seq[:, n - 1 - j: n - 1 - j + T] for j in range(n - 1, 0, -1)] + [x]
+      ngram = seq[:, seq.shape[1] - (n - 1):]
+      x = x + jax.nn.gelu(self.ngram(jnp.concatenate(window, axis=-1)))
+    if cfg.positions == "learned":
+      x = x + jnp.take(self.pos[...], jnp.minimum(pos_BT, cfg.max_len - 1), axis=0).astype(x.dtype)
+    elif cfg.positions == "sinusoidal":
+      x = x + sinusoidal_at(pos_BT, cfg.d_model).astype(x.dtype)
+
+    @nnx.scan(in_axes=(0, 0, nnx.Carry), out_axes=(0, nnx.Carry))
+    def run_blocks(blocks, states, h):
+      stacks = blocks if isinstance(blocks, tuple) else (blocks,)
+      states = states if isinstance(blocks, tuple) else (states,)
+      new = []
+      for block, st in zip(stacks, states, strict=True):  # the pattern, not time
+        st, h = block.scan(st, h)
+        new.append(st)
+      return (tuple(new) if isinstance(blocks, tuple) else new[0]), h
+
+    layers, h = run_blocks(self.blocks, state["layers"], x)
+    return {"pos": state["pos"] + T, "layers": layers, "ngram": ngram}, self.read_out(h)
+
+  def step(self, state: dict, tokens_B: jax.Array) -> tuple:
+    """One token per row: ``(state, tokens [B]) -> (state, logits [B, vocab])``."""
+    state, logits = self.scan(state, tokens_B[:, None])
+    return state, logits[:, 0]
+
   def block(self, layer: int) -> Block:
     """A standalone copy of layer ``layer``'s block (its parameters sliced out of the stack), for
     probing one layer; ``read_out`` applies the final norm and head."""
@@ -269,10 +366,15 @@ class TransformerLM(nnx.Module):
 
 def sinusoidal_positions(length: int, dim: int) -> jax.Array:
   """Fixed sinusoidal positions (Vaswani et al. 2017, §3.5): ``[length, dim]``."""
-  pos = jnp.arange(length, dtype=jnp.float32)[:, None]
-  i = jnp.arange((dim + 1) // 2, dtype=jnp.float32)[None, :]
+  return sinusoidal_at(jnp.arange(length), dim)
+
+
+def sinusoidal_at(positions, dim: int) -> jax.Array:
+  """:func:`sinusoidal_positions` at integer ``positions`` of any shape: ``[..., dim]``."""
+  pos = jnp.asarray(positions).astype(jnp.float32)[..., None]
+  i = jnp.arange((dim + 1) // 2, dtype=jnp.float32).reshape((1,) * (pos.ndim - 1) + (-1,))
   angles = pos / jnp.power(10000.0, 2.0 * i / dim)
-  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)[:, :dim]
+  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)[..., :dim]
 
 
 bodies.register("transformer", TransformerConfig, TransformerLM)

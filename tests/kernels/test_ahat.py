@@ -7,6 +7,12 @@ softmax loop and tends to AHAT as β grows; gradients (w.r.t. v: the weights' tr
 upstream; w.r.t. q and k: zero for AHAT, finite and nonzero for the soft form); eager == jit; bad
 input raises. Every call goes through a module-level jit; at the canonical shape B, T, H, D, E =
 2, 7, 3, 5, 3 all configurations (causal, tol, β, mask) are one compiled program.
+
+KV cache (``q_offset``): on a longer cache with rows at different positions (one past the end) and a key
+mask, hard and soft reads and maps match the loops over each row's visible prefix; the gradient w.r.t. v is
+the weights' transpose times the upstream (zero w.r.t. q and k for AHAT); the soft form's gradients match
+``jax.nn.dot_product_attention`` with the equivalent explicit mask; a query that sees no key reads zeros with
+zero, finite gradients.
 """
 
 import functools
@@ -19,10 +25,11 @@ import pytest
 from jaxmem.kernels.ahat import ahat_attention, soft_attention
 
 
-def numpy_ahat(q, k, v, causal, mask=None, tol=0.0):
+def numpy_ahat(q, k, v, causal, mask=None, tol=0.0, q_offset=None):
   """Plain per-(batch, head, query) loop, float64: the argmax set of the visible keys, averaged.
 
-  Returns ``(out [B, T, H, E], weights [B, H, T, S])``; a query that sees no key gets zeros."""
+  Returns ``(out [B, T, H, E], weights [B, H, T, S])``; a query that sees no key gets zeros. With
+  ``q_offset`` (causal), query ``t`` of row ``b`` sees the keys ``s <= q_offset[b] + t``."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   B, T, H, _ = q.shape
   S, E = k.shape[1], v.shape[-1]
@@ -30,7 +37,8 @@ def numpy_ahat(q, k, v, causal, mask=None, tol=0.0):
   for b in range(B):
     for h in range(H):
       for t in range(T):
-        seen = [s for s in range(S) if (not causal or s <= t) and (mask is None or bool(mask[b][s]))]
+        last = t if q_offset is None else int(q_offset[b]) + t
+        seen = [s for s in range(S) if (not causal or s <= last) and (mask is None or bool(mask[b][s]))]
         if not seen:
           continue
         score = {s: float(np.dot(q[b, t, h], k[b, s, h])) for s in seen}
@@ -42,8 +50,8 @@ def numpy_ahat(q, k, v, causal, mask=None, tol=0.0):
   return out, weights
 
 
-def numpy_soft(q, k, v, beta, causal):
-  """The same loop with softmax(beta * score) over the visible keys."""
+def numpy_soft(q, k, v, beta, causal, mask=None, q_offset=None):
+  """The same loop with softmax(beta * score) over the visible keys (zeros where none is visible)."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   B, T, H, _ = q.shape
   S, E = k.shape[1], v.shape[-1]
@@ -51,11 +59,14 @@ def numpy_soft(q, k, v, beta, causal):
   for b in range(B):
     for h in range(H):
       for t in range(T):
-        n = t + 1 if causal else S
-        logits = np.array([beta * q[b, t, h] @ k[b, s, h] for s in range(n)])
+        last = (t if q_offset is None else int(q_offset[b]) + t) if causal else S - 1
+        seen = [s for s in range(min(last + 1, S)) if mask is None or bool(mask[b][s])]
+        if not seen:
+          continue
+        logits = np.array([beta * q[b, t, h] @ k[b, s, h] for s in seen])
         w = np.exp(logits - logits.max())
         w /= w.sum()
-        out[b, t, h] = sum(w[s] * v[b, s, h] for s in range(n))
+        out[b, t, h] = sum(wi * v[b, s, h] for wi, s in zip(w, seen, strict=True))
   return out
 
 
@@ -405,6 +416,69 @@ def test_works_under_jit_and_eagerly(causal):
                              rtol=1e-6, atol=1e-7)
 
 
+# --- KV cache: q_offset -------------------------------------------------------------------------------
+
+# an awkward cache: odd sizes, three rows at different positions (row 2's queries at 7 .. 10 of 9 slots),
+# key 0 of row 0 masked, so row 0's first query sees nothing
+CB, CT, CS, BETA = 3, 4, 9, 1.5
+OFFSETS = np.array([0, 3, 7], np.int32)
+CACHE_MASK = np.ones((CB, CS), bool)
+CACHE_MASK[0, 0] = CACHE_MASK[1, 2] = False
+
+
+@jax.jit
+def cached_reads(q, k, v, mask, offsets, cot):
+  """Hard and soft reads with ``q_offset`` (outputs and maps), AHAT's (q, k, v)-gradients of ⟨out, cot⟩, and
+  the soft form's values and (q, k, v)-gradients next to jax.nn.dot_product_attention's with the explicit mask
+  ``s <= offset + t`` and the key mask (scale β; v as wide as k)."""
+  T, S = q.shape[1], k.shape[1]
+  hard = ahat_attention(q, k, v, causal=True, mask_BS=mask, q_offset=offsets, return_weights=True)
+  soft_ = soft_attention(q, k, v, beta=BETA, causal=True, mask_BS=mask, q_offset=offsets, return_weights=True)
+  hard_read = lambda q, k, v: ahat_attention(q, k, v, causal=True, mask_BS=mask, q_offset=offsets)
+  hard_grads = jax.grad(lambda q, k, v: jnp.sum(hard_read(q, k, v) * cot), argnums=(0, 1, 2))(q, k, v)
+  position_T = offsets[:, None, None, None] + jnp.arange(T)[None, None, :, None]
+  full = (jnp.arange(S)[None, None, None, :] <= position_T) & mask[:, None, None, :]
+  vk = k[..., ::-1] * 0.5 + 1.0   # values as wide as the keys, for jax.nn
+  cot_k = cot[..., :1] * jnp.ones_like(q)
+  def vjp(fn):
+    out, pullback = jax.vjp(fn, q, k, vk)
+    return out, pullback(cot_k)
+  ours = vjp(lambda q, k, v: soft_attention(q, k, v, beta=BETA, causal=True, mask_BS=mask, q_offset=offsets))
+  ref = vjp(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=full, scale=BETA))
+  return hard, soft_, hard_grads, ours, ref
+
+
+@pytest.mark.parametrize("kind", ["binary", "real"])
+def test_q_offset_reads_each_rows_prefix_hard_and_soft(kind):
+  make = binary if kind == "binary" else rand
+  q, k, v = make(0, (CB, CT, H, D)), make(1, (CB, CS, H, D)), small_ints(2, (CB, CS, H, E))
+  cot = rand(3, (CB, CT, H, E))
+  cot[0, 0] = 0.0   # the query that sees nothing (jax.nn averages its row; ours reads zeros)
+  (out, w), (sout, sw), (gq, gk, gv), (o, g), (o_ref, g_ref) = cached_reads(q, k, v, CACHE_MASK, OFFSETS, cot)
+  want, want_w = numpy_ahat(q, k, v, True, CACHE_MASK, q_offset=OFFSETS)
+  assert out.shape == (CB, CT, H, E) and w.shape == (CB, H, CT, CS)
+  if kind == "binary":
+    assert (np.count_nonzero(want_w, axis=-1) > 1).mean() > 0.3   # mostly ties
+  np.testing.assert_allclose(out, want, rtol=0, atol=1e-6)
+  np.testing.assert_allclose(w, want_w, rtol=0, atol=1e-7)
+  np.testing.assert_allclose(sout, numpy_soft(q, k, v, BETA, True, CACHE_MASK, OFFSETS), rtol=1e-5, atol=1e-6)
+  # nothing visible: zeros, maps of zeros
+  assert np.all(np.asarray(out)[0, 0] == 0) and np.all(np.asarray(sout)[0, 0] == 0)
+  assert np.all(np.asarray(w)[0, :, 0] == 0) and np.all(np.asarray(sw)[0, :, 0] == 0)
+  np.testing.assert_allclose(np.asarray(sw).sum(-1)[:, :, 1:], 1.0, rtol=1e-6)
+  # gradients: AHAT's w.r.t. v is the maps' transpose times the upstream, zero w.r.t. q and k
+  np.testing.assert_allclose(gv, np.einsum("bhts,bthe->bshe", want_w, np.asarray(cot, np.float64)),
+                             rtol=0, atol=1e-6)
+  assert np.all(np.asarray(gq) == 0.0) and np.all(np.asarray(gk) == 0.0)
+  # the soft form against jax.nn with the explicit mask, values (where a key is visible) and gradients
+  sees = np.ones((CB, CT), bool)
+  sees[0, 0] = False
+  np.testing.assert_allclose(np.asarray(o)[sees], np.asarray(o_ref)[sees], rtol=1e-5, atol=1e-6)
+  for name, a, b in zip("qkv", g, g_ref, strict=True):
+    assert np.isfinite(np.asarray(a)).all()
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"d/d{name}")
+
+
 _QKV = ((1, 5, 2, 4), (1, 5, 2, 4), (1, 5, 2, 3))
 
 
@@ -424,6 +498,8 @@ _QKV = ((1, 5, 2, 4), (1, 5, 2, 4), (1, 5, 2, 3))
         (_QKV, {"tol": -1e-3}, r"tol must be >= 0"),
         (_QKV, {"tol": float("nan")}, r"`tol` must be a finite number"),
         (_QKV, {"tol": "loose"}, r"`tol` must be a number"),
+        (_QKV, {"q_offset": np.zeros(1, np.int32)}, r"needs causal=True"),
+        (_QKV, {"causal": True, "q_offset": np.zeros(2, np.int32)}, r"`q_offset` must have shape"),
     ],
 )
 def test_bad_input_raises_value_error_naming_the_argument(shapes, kwargs, match):

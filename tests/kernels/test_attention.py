@@ -6,6 +6,12 @@ gradients (first and second order) against float64 finite differences; causality
 values cannot reach earlier outputs); bfloat16 in, bfloat16 out; huge logits stay finite; bad
 input raises a ValueError naming the problem. Every kernel call is compiled once per module
 (module-level jits over a few canonical awkward shapes: odd T, odd D, D != E, B > 1, H > 1).
+
+KV cache (``q_offset``, ``kv_cache_init`` / ``kv_cache_append``): appending writes each row at its own
+positions and drops (never wraps) what does not fit; reading with ``q_offset`` matches the loop over each
+row's visible prefix, rows at different positions, a row past ``max_len`` included; values and gradients
+match ``jax.nn.dot_product_attention`` with the equivalent explicit mask; a query that sees no key (negative
+offset) averages every value, finite in values and gradients.
 """
 
 import functools
@@ -15,11 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxmem.kernels.attention import softmax_attention
+from jaxmem.kernels.attention import kv_cache_append, kv_cache_init, softmax_attention
 
 
-def numpy_attention(q, k, v, causal, scale=None):
-  """Plain per-(batch, head, query) loop, float64: the paper's equation, nothing shared."""
+def numpy_attention(q, k, v, causal, scale=None, q_offset=None):
+  """Plain per-(batch, head, query) loop, float64: the paper's equation, nothing shared. With ``q_offset``
+  (causal), query ``t`` of row ``b`` sees keys ``0 .. q_offset[b] + t`` (all ``S`` past the end); one that
+  sees none averages every value uniformly (the kernel's fully masked row)."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   B, T, H, D = q.shape
   S, E = k.shape[1], v.shape[-1]
@@ -29,6 +37,11 @@ def numpy_attention(q, k, v, causal, scale=None):
     for h in range(H):
       for t in range(T):
         n = t + 1 if causal else S
+        if q_offset is not None:
+          n = min(int(q_offset[b]) + t + 1, S)
+          if n <= 0:
+            out[b, t, h] = v[b, :, h].mean(0)
+            continue
         logits = np.array([scale * q[b, t, h] @ k[b, s, h] for s in range(n)])
         w = np.exp(logits - logits.max())
         w /= w.sum()
@@ -175,3 +188,100 @@ def test_bad_input_raises_value_error_naming_the_problem(shapes, kwargs, match):
   q, k, v = (np.zeros(s, np.float32) for s in shapes)
   with pytest.raises(ValueError, match=match):
     softmax_attention(q, k, v, **kwargs)
+
+
+# --- KV cache: q_offset ----------------------------------------------------------------------------------
+
+# an awkward cache: odd sizes, D != E, three rows at different positions, the last one past max_len
+CB, CT, CS = 3, 4, 11
+OFFSETS = np.array([0, 5, 9], np.int32)   # row 2: queries at 9 .. 12 of a cache of 11
+
+
+def _masked_reference(q, k, v, offsets):
+  """jax.nn.dot_product_attention with the explicit [B, 1, T, S] mask ``s <= offset + t``."""
+  T, S = q.shape[1], k.shape[1]
+  mask = np.arange(S)[None, None, None, :] <= offsets[:, None, None, None] + np.arange(T)[None, None, :, None]
+  return jax.nn.dot_product_attention(q, k, v, mask=jnp.asarray(mask))
+
+
+@jax.jit
+def cached_and_masked(q, k, v, offsets, cot):
+  """Values and (q, k, v)-cotangents of softmax_attention(q_offset=offsets) and of the masked reference."""
+  def vjp(fn):
+    out, pullback = jax.vjp(fn, q, k, v)
+    return out, pullback(cot)
+  return (vjp(lambda q, k, v: softmax_attention(q, k, v, causal=True, q_offset=offsets)),
+          vjp(lambda q, k, v: _masked_reference(q, k, v, offsets)))
+
+
+def test_q_offset_reads_each_rows_prefix_values_and_gradients():
+  q, k, v = rand(0, (CB, CT, H, D)), rand(1, (CB, CS, H, D)), rand(2, (CB, CS, H, E))
+  out = attend(q, k, v, causal=True, q_offset=OFFSETS)
+  assert out.shape == (CB, CT, H, E)
+  np.testing.assert_allclose(out, numpy_attention(q, k, v, True, q_offset=OFFSETS), rtol=2e-5, atol=2e-6)
+  # keys after a query's position cannot reach it
+  k2, v2 = k.copy(), v.copy()
+  later = np.arange(CS)[None, :] > OFFSETS[:, None]   # after each row's first query
+  k2[later], v2[later] = 100.0, -50.0
+  np.testing.assert_array_equal(attend(q, k2, v2, causal=True, q_offset=OFFSETS)[:, 0], out[:, 0])
+  # values and gradients against jax.nn with the explicit mask (it needs E == D)
+  vD, cot = rand(3, (CB, CS, H, D)), rand(4, (CB, CT, H, D))
+  (o, g), (o_ref, g_ref) = cached_and_masked(q, k, vD, OFFSETS, cot)
+  np.testing.assert_allclose(o, o_ref, rtol=1e-5, atol=1e-6)
+  for name, a, b in zip("qkv", g, g_ref, strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"d/d{name}")
+  assert np.abs(np.asarray(g[1])[later & (np.arange(CS)[None, :] > OFFSETS[:, None] + CT - 1)]).max() == 0
+
+
+def test_q_offset_query_that_sees_no_key_averages_every_value_finite():
+  """A negative offset (never produced by a cache; possible under jit) masks every key of the first queries:
+  the documented fully masked row, uniform weights, finite values and gradients."""
+  q, k, v = rand(0, (CB, CT, H, D)), rand(1, (CB, CS, H, D)), rand(2, (CB, CS, H, D))
+  offsets = np.array([-2, 0, -9], np.int32)   # row 0: queries 0, 1 see nothing; row 2: none sees anything
+  (o, g), (o_ref, g_ref) = cached_and_masked(q, k, v, offsets, rand(4, (CB, CT, H, D)))
+  np.testing.assert_allclose(o, numpy_attention(q, k, v, True, q_offset=offsets), rtol=2e-5, atol=2e-6)
+  np.testing.assert_allclose(np.asarray(o)[2], np.broadcast_to(v[2].mean(0), (CT, H, D)), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(o, o_ref, rtol=1e-5, atol=1e-6)
+  for a in g:
+    assert np.isfinite(np.asarray(a)).all()
+
+
+@jax.jit
+def _append_twice(k1, v1, k2, v2, length):
+  cache = kv_cache_init(CB, CS, H, D, E)
+  cache = {**cache, "length": length}
+  cache = kv_cache_append(cache, k1, v1)
+  return cache, kv_cache_append(cache, k2, v2)
+
+
+def test_kv_cache_append_writes_each_row_at_its_length_and_drops_past_the_end():
+  k1, v1 = rand(0, (CB, CT, H, D)), rand(1, (CB, CT, H, E))
+  k2, v2 = rand(2, (CB, 2, H, D)), rand(3, (CB, 2, H, E))
+  start = np.array([0, 3, 6], np.int32)
+  once, twice = _append_twice(k1, v1, k2, v2, start)
+  np.testing.assert_array_equal(once["length"], start + CT)
+  np.testing.assert_array_equal(twice["length"], start + CT + 2)   # row 2: 12 > max_len, the host sees it
+  want_k = np.zeros((CB, CS, H, D), np.float32)
+  for b in range(CB):
+    for i, pos in enumerate(range(start[b], start[b] + CT + 2)):
+      if pos < CS:   # positions past max_len are dropped, never wrapped onto earlier ones
+        want_k[b, pos] = k1[b, i] if i < CT else k2[b, i - CT]
+  np.testing.assert_array_equal(twice["k"], want_k)
+  assert twice["k"].dtype == jnp.float32 and twice["v"].shape == (CB, CS, H, E)
+  np.testing.assert_array_equal(twice["v"][2, 6:10], v1[2])
+  np.testing.assert_array_equal(twice["v"][2, 10], v2[2, 0])
+
+
+def test_q_offset_and_cache_bad_input_raise():
+  q, k = np.zeros((2, 3, 2, 4), np.float32), np.zeros((2, 7, 2, 4), np.float32)
+  with pytest.raises(ValueError, match="needs causal=True"):
+    softmax_attention(q, k, k, causal=False, q_offset=np.zeros(2, np.int32))
+  with pytest.raises(ValueError, match="must hold integers"):
+    softmax_attention(q, k, k, q_offset=np.zeros(2, np.float32))
+  with pytest.raises(ValueError, match=r"shape \(B,\)"):
+    softmax_attention(q, k, k, q_offset=np.zeros(3, np.int32))
+  cache = kv_cache_init(2, 7, 2, 4)
+  with pytest.raises(ValueError, match="cache key widths"):
+    kv_cache_append(cache, np.zeros((2, 3, 2, 5), np.float32), q)
+  with pytest.raises(ValueError, match="cache batch sizes"):
+    kv_cache_append(cache, q[:1], q[:1])

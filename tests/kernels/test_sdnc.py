@@ -8,6 +8,13 @@ every subset of operations; with everything off it is softmax attention bitwise,
 numerically; hand-built cases for forward / backward link reads, erase and the write gate; erase
 over 4096 steps against a float64 reference. Module-level jits over one canonical awkward shape per
 family, so each configuration compiles once.
+
+Decoding from a memory (a KV cache): ``sdnc_scan`` on rows at different positions of a longer memory (one
+past its end) equals the float64 loop over each row's written slots, values, and gradients against
+``softmax_attention(q_offset=...)``; writes land at each row's own slots. ``sdnc_hybrid_scan`` (three
+subsets of operations), a prefix then the rest, equals the parallel form (itself the memory scan, above)
+on the whole sequence in values and gradients (q, k, v, every gate); rows started at different lengths are
+tests/models/test_mixers.py's (the sdnc_hybrid mixer with every operation).
 """
 
 import functools
@@ -16,8 +23,17 @@ import jax
 import numpy as np
 import pytest
 
-from jaxmem.kernels.attention import softmax_attention
-from jaxmem.kernels.sdnc import sdnc_attention, sdnc_cross_attention, sdnc_hybrid_attention, sdnc_hybrid_memory
+from jaxmem.kernels.attention import kv_cache_init, softmax_attention
+from jaxmem.kernels.sdnc import (
+  sdnc_attention,
+  sdnc_cross_attention,
+  sdnc_hybrid_attention,
+  sdnc_hybrid_init,
+  sdnc_hybrid_memory,
+  sdnc_hybrid_scan,
+  sdnc_scan,
+)
+from tests.kernels.test_attention import numpy_attention
 
 
 def rand(seed, shape, dtype=np.float32):
@@ -205,3 +221,93 @@ def test_hybrid_erase_keeps_float32_accuracy_on_long_sequences_and_at_zero_reten
   np.testing.assert_allclose(o_mem, v, rtol=1e-6, atol=1e-6)
   for g in jax.tree.leaves((g_par, g_mem)):
     assert np.isfinite(np.asarray(g)).all()
+
+
+# ---- decoding: the memory is a KV cache, written from each row's own length ----
+
+CB, CT, CS = 3, 4, 11
+LENGTHS = np.array([0, 5, 9], np.int32)   # row 2 writes slots 9, 10, then past the end (dropped)
+
+
+@jax.jit
+def sdnc_from_memory(K, V, lengths, q, k, v, cot):
+  """``sdnc_scan`` from a memory holding ``lengths`` slots per row: (memory, reads) and the (q, k, v, K, V)
+  cotangents of ⟨reads, cot⟩, next to softmax_attention(q_offset=lengths) on the memory with the chunk
+  written."""
+  memory = {**kv_cache_init(CB, CS, H, D, E), "k": K, "v": V, "length": lengths}
+  def ours(q, k, v, K, V):
+    return sdnc_scan({**memory, "k": K, "v": V}, q, k, v)[1]
+  def ref(q, k, v, K, V):
+    rows, slots = np.arange(CB)[:, None], lengths[:, None] + np.arange(CT)[None, :]
+    K2, V2 = K.at[rows, slots].set(k, mode="drop"), V.at[rows, slots].set(v, mode="drop")
+    return softmax_attention(q, K2, V2, causal=True, q_offset=lengths)
+  args = (q, k, v, K, V)
+  return (sdnc_scan(memory, q, k, v), _vjp(ours, args, cot), _vjp(ref, args, cot))
+
+
+def test_sdnc_scan_reads_from_each_rows_slots_values_and_gradients():
+  q, k, v = rand(0, (CB, CT, H, D)), rand(1, (CB, CT, H, D)), rand(2, (CB, CT, H, E))
+  K, V = rand(3, (CB, CS, H, D)), rand(4, (CB, CS, H, E))
+  written = np.arange(CS)[None, :] < LENGTHS[:, None]
+  K, V = np.where(written[..., None, None], K, 0.0), np.where(written[..., None, None], V, 0.0)
+  (memory, reads), (o, g), (o_ref, g_ref) = sdnc_from_memory(K, V, LENGTHS, q, k, v, rand(5, (CB, CT, H, E)))
+  # the memory after the chunk: each row's slots length .. length + T − 1 (those that fit), nothing wrapped
+  K_all, V_all = np.array(K), np.array(V)
+  for b in range(CB):
+    for t in range(CT):
+      if LENGTHS[b] + t < CS:
+        K_all[b, LENGTHS[b] + t], V_all[b, LENGTHS[b] + t] = k[b, t], v[b, t]
+  np.testing.assert_array_equal(memory["k"], K_all)
+  np.testing.assert_array_equal(memory["v"], V_all)
+  np.testing.assert_array_equal(memory["length"], LENGTHS + CT)
+  want = numpy_attention(q, K_all, V_all, True, q_offset=LENGTHS)
+  np.testing.assert_allclose(reads, want, rtol=2e-5, atol=2e-6)
+  np.testing.assert_allclose(o, o_ref, rtol=1e-5, atol=1e-6)
+  for name, a, b in zip(("q", "k", "v", "K", "V"), g, g_ref, strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"d/d{name}")
+
+
+# presences without decay and link reads; decay alone; everything (each subset costs a compile of a few seconds)
+OPS = [("write_gate", "read_modes"), ("erase_gate",), ("write_gate", "erase_gate", "read_modes")]
+SPLIT, MAX_LEN = 3, 13   # a prefix of 3 tokens, then the rest, in a memory longer than the sequence
+
+
+@jax.jit
+def hybrid_chunked_and_memory(q, k, v, gates, cot):
+  """For each subset of operations: values and cotangents (q, k, v, gates) of ``sdnc_hybrid_scan`` over a
+  prefix then the rest of the sequence, and of the parallel form on the whole (the memory scan costs more to
+  compile; the two are equal, test_hybrid_parallel_equals_memory_scan_values_and_gradients)."""
+  B = q.shape[0]
+  def chunked(q, k, v, gates):
+    memory = sdnc_hybrid_init(B, MAX_LEN, H, D, E, presence=bool({"write_gate", "erase_gate"} & set(gates)))
+    cut = lambda x, sl: None if x is None else x[:, sl]
+    memory, a = sdnc_hybrid_scan(memory, *(x[:, :SPLIT] for x in (q, k, v)),
+                                 **{n: cut(x, slice(None, SPLIT)) for n, x in gates.items()})
+    memory, b = sdnc_hybrid_scan(memory, *(x[:, SPLIT:] for x in (q, k, v)),
+                                 **{n: cut(x, slice(SPLIT, None)) for n, x in gates.items()})
+    return jax.numpy.concatenate([a, b], axis=1)
+  out = {}
+  for ops in OPS:
+    kw = {n: gates[n] for n in ops}
+    out[ops] = (_vjp(chunked, (q, k, v, kw), cot),
+                _vjp(lambda q, k, v, kw: sdnc_hybrid_attention(q, k, v, **kw), (q, k, v, kw), cot))
+  return out
+
+
+def test_hybrid_scan_prefix_then_rest_equals_the_whole_sequence_values_and_gradients():
+  q, k, v, gates = _hybrid_inputs(4)
+  results = hybrid_chunked_and_memory(q, k, v, gates, rand(9, v.shape))
+  for ops, ((o, g), (o_ref, g_ref)) in results.items():
+    np.testing.assert_allclose(o, o_ref, rtol=1e-5, atol=1e-6, err_msg=str(ops))
+    assert len(jax.tree.leaves(g)) == 3 + len(ops)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref), strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=str(ops))
+
+
+def test_hybrid_scan_without_presences_rejects_gates():
+  q, k, v, gates = _hybrid_inputs()
+  memory = sdnc_hybrid_init(q.shape[0], 12, q.shape[2], q.shape[3], v.shape[3], presence=False)
+  with pytest.raises(ValueError, match="presence=True"):
+    sdnc_hybrid_scan(memory, q, k, v, erase_gate=gates["erase_gate"])
+  with pytest.raises(ValueError, match="cache lengths"):
+    sdnc_scan({**memory, "v": memory["v"][:, :5]}, q, k, v)

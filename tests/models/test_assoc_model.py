@@ -182,3 +182,60 @@ def test_decay_gates_that_underflow_to_zero_stay_finite(rule, mode):
   o = beta * v * np.sum(k * q, -1, keepdims=True)
   np.testing.assert_allclose(forward(lay, X), o.reshape(2, 11, 24) @ f64(lay.out.kernel[...]), rtol=1e-4,
                              atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------
+# decoding: step token by token and scan from a state against the sequence call
+
+SPLIT = 5  # of X's 11 tokens: with chunk_size 4 both pieces end in a padded chunk, and the width-3
+# convolution's window spans the split
+# per rule: no convolution (elu1 keys; the parallel form, oja's chunked one), and a width-3 convolution
+# (DPFP keys of twice the head width; the chunked form)
+DECODE_CONFIGS = [(rule, dict(feature_map="elu1", mode="chunked" if rule == "oja" else "parallel"))
+                  for rule in RULES] + [(rule, dict(feature_map="dpfp1", mode="chunked", short_conv=3))
+                                        for rule in RULES]
+
+
+@nnx.jit
+def _decode_and_scan(mixer, x_BTD):
+  """One program per config: ``__call__``; ``step`` token by token from ``init_state`` (outputs, final state);
+  ``scan`` over the first ``SPLIT`` tokens, then over the rest from the state it returned (outputs, final
+  state)."""
+  nb, T, _ = x_BTD.shape
+  y = mixer(x_BTD)
+  final_step, ys = jax.lax.scan(mixer.step, mixer.init_state(nb, T), jnp.moveaxis(x_BTD, 1, 0))
+  state, y1 = mixer.scan(mixer.init_state(nb, T), x_BTD[:, :SPLIT])
+  final_scan, y2 = mixer.scan(state, x_BTD[:, SPLIT:])
+  return y, jnp.moveaxis(ys, 0, 1), final_step, jnp.concatenate([y1, y2], axis=1), final_scan
+
+
+@pytest.mark.parametrize("rule,kw", DECODE_CONFIGS, ids=[f"{r}-{'conv' if kw.get('short_conv') else 'noconv'}"
+                                                         for r, kw in DECODE_CONFIGS])
+def test_step_and_scan_from_a_state_equal_the_sequence_call(rule, kw):
+  lay = layer(rule=rule, **kw)
+  cfg = lay.cfg
+  if cfg.short_conv:  # random taps: at its identity initialisation the outputs would not see the conv's tail
+    lay.conv.taps[...] = jax.random.normal(jax.random.key(5), lay.conv.taps.shape) / np.sqrt(cfg.short_conv)
+  state = lay.init_state(2, 11)
+  assert state["kernel"].dtype == jnp.float32
+  assert sum(a.size for a in jax.tree.leaves(state)) == 2 * cfg.state_floats(d_model=24, n_heads=3, seq_len=11)
+  y, ys, final_step, y_scan, final_scan = _decode_and_scan(lay, X)
+  # The same float32 recurrence in other evaluation orders (the recurrent update per token; the parallel or
+  # chunked form over the pieces, from a state): each read is a sum of at most T·D_k = 11·16 products of
+  # O(1) terms (decays ≤ 1; erase vectors normalised), then W_O sums 24 of them, so rounding stays below
+  # (176 + 24)·ε₃₂ ≈ 2.4e-5 of the output's scale in the worst case (√200·ε ≈ 2e-6 typical); an ignored or
+  # wrong state changes outputs after the split by O(1) of it.
+  scale = float(np.abs(np.asarray(y)).max())
+  tol = dict(rtol=1e-4, atol=3e-5 * scale)
+  np.testing.assert_allclose(ys, y, err_msg=f"{rule}: step vs __call__", **tol)
+  np.testing.assert_allclose(y_scan, y, err_msg=f"{rule}: scan split at {SPLIT} vs __call__", **tol)
+  S_step, S_scan = np.asarray(final_step["kernel"]), np.asarray(final_scan["kernel"])
+  np.testing.assert_allclose(S_scan, S_step, rtol=1e-4, atol=3e-5 * np.abs(S_step).max(),
+                             err_msg=f"{rule}: final memory, scan vs step")
+  if cfg.short_conv:
+    # the convolution's tail: the last K − 1 = 2 inputs (the q, k, v projections), oldest first
+    want = np.asarray(lay.qkv(X))[:, -2:]
+    for name, st in (("step", final_step), ("scan", final_scan)):
+      np.testing.assert_allclose(st["conv"], want, rtol=1e-5, atol=1e-6, err_msg=f"{rule}: {name} conv tail")
+  else:
+    assert final_step["conv"] is None and final_scan["conv"] is None

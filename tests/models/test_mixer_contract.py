@@ -83,7 +83,9 @@ def test_mixer_contract(name, example):
 
   if module_cls.decodes():
     state = mixer.init_state(1, T)
-    assert sum(np.size(leaf) for leaf in jax.tree.leaves(state)) == size(T), name
+    # floats: a KV cache's integer lengths are bookkeeping, not memory
+    floats = [leaf for leaf in jax.tree.leaves(state) if jnp.issubdtype(leaf.dtype, jnp.floating)]
+    assert sum(np.size(leaf) for leaf in floats) == size(T), name
     ys, final = decode(mixer, x)
     # two float32 evaluation orders of the same recurrence: rounding relative to the output's scale
     tol = dict(rtol=1e-4, atol=1e-5 * float(np.abs(y).max()), err_msg=name)

@@ -187,3 +187,44 @@ def test_bad_mixer_specs_raise(mixer, match):
   with pytest.raises(ValueError, match="layer"):
     TransformerConfig(**TINY).layer_mixer(2)
 
+
+
+# --- decoding with a KV cache: rows at different positions of a cache longer than the sequence -------------
+
+# every cached read: softmax (with the conv tail), hard and soft AHAT, the literal sDNC memory, the sDNC hybrid
+# with every operation (its slot presences and link reads), top-K with K = 8 > T (fewer entries than K early on)
+CACHED = [SoftmaxConfig(short_conv=2), mixers.AHATConfig(), mixers.AHATConfig(beta=4.0), SDNCConfig(),
+          SDNCHybridConfig(write_gate=True, erase=True, link_reads=True, short_conv=3),
+          mixers.TopKMemoryConfig()]
+PROMPTS, STEPS, MAX_LEN = (2, 5), 3, 12   # row r: a prompt of PROMPTS[r] tokens, then STEPS tokens; T = 8
+
+
+@nnx.jit
+def _rows_at_different_lengths(mixer, x_BTD):
+  """Each row's prompt prefilled alone (``scan`` from ``init_state(1, MAX_LEN)``), the two states stacked, then
+  ``STEPS`` tokens of both rows stepped together (row r from position ``PROMPTS[r]``): ``(prompt outputs per
+  row, stepped outputs [STEPS, B, D], the final state, __call__ on the whole)``."""
+  states, prompts = [], []
+  for r, n in enumerate(PROMPTS):
+    state, y = mixer.scan(mixer.init_state(1, MAX_LEN), x_BTD[r:r + 1, :n])
+    states.append(state)
+    prompts.append(y[0])
+  state = jax.tree.map(lambda *xs: jnp.concatenate(xs), *states)
+  xs = jnp.stack([x_BTD[r, n:n + STEPS] for r, n in enumerate(PROMPTS)], axis=1)   # [STEPS, B, D]
+  state, ys = jax.lax.scan(lambda s, x: mixer.step(s, x), state, xs)
+  return prompts, ys, state, mixer(x_BTD)
+
+
+@pytest.mark.parametrize("cfg", CACHED, ids=lambda c: f"{c.name}-{getattr(c, 'beta', None)}")
+def test_cache_rows_at_different_lengths_each_equal_their_own_sequence(cfg):
+  """A cache longer than the sequence (max_len 12 > T 8), two rows at different positions stepped together:
+  each row's reads equal ``__call__`` on that row (rows never read each other's slots or unwritten ones)."""
+  mixer = mixers.build(cfg, d_model=12, n_heads=2, n_layers=2, dtype="float32", rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(3), (2, max(PROMPTS) + STEPS, 12))
+  prompts, ys, state, y = jax.tree.map(np.asarray, _rows_at_different_lengths(mixer, x))
+  tol = dict(rtol=1e-4, atol=1e-5 * float(np.abs(y).max()))
+  for r, n in enumerate(PROMPTS):
+    np.testing.assert_allclose(prompts[r], y[r, :n], **tol, err_msg=f"{cfg.name} row {r} prompt")
+    np.testing.assert_allclose(ys[:, r], y[r, n:n + STEPS], **tol, err_msg=f"{cfg.name} row {r} steps")
+  np.testing.assert_array_equal(state["kernel"]["length"], np.array(PROMPTS) + STEPS)
+  assert state["kernel"]["k"].shape[1] == MAX_LEN

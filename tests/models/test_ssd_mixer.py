@@ -1,7 +1,8 @@
 """The Mamba-2 mixer (``"ssd"``): its forward against a float64 NumPy re-implementation of the block written
-here from the module's own parameter values, token-by-token decoding against the forward and the reference's
-states, the size of the decoding state, the body (``TransformerLM``) with it alone and beside softmax
-attention, and the logical axes of every parameter (hence its layout and weight decay).
+here from the module's own parameter values, token-by-token decoding and ``scan`` from a state (a prefill, then
+the rest) against the forward and the reference's states, the size of the decoding state, the body
+(``TransformerLM``) with it alone and beside softmax attention, and the logical axes of every parameter (hence
+its layout and weight decay).
 
 The reference re-derives every step from the equations of ``jaxmem/models/mixers/ssd.py``'s docstring
 (Dao & Gu 2024, arXiv:2405.21060): the convolution as a sum over lags ``y_t = b + Σ_l w_{K−1−l} u_{t−l}``, the
@@ -131,7 +132,7 @@ def assert_close(got, want, msg, atol_scale=1e-4, rtol=1e-4):
 
 
 # ----------------------------------------------------------------------------------------
-# (a) the forward against the float64 re-implementation, (b) decoding
+# (a) the forward against the float64 re-implementation, (b) decoding: step and scan from a state
 
 
 @pytest.mark.parametrize("key", CONFIGS)
@@ -151,6 +152,37 @@ def test_step_token_by_token_equals_the_forward_and_carries_the_states(key):
   assert_close(state["ssm"], ref_h, f"{key}: final SSM state")
   # the convolution's window: the last d_conv − 1 raw inputs of its x, B, C channels, oldest first
   assert_close(state["conv"], raw[:, T - (cfg.d_conv - 1):], f"{key}: conv window")
+
+
+SPLIT = 6  # of the 13 tokens: the chunk-5 config's pieces each end in a padded chunk, and the width-4
+# convolution's window spans the split
+
+
+@nnx.jit
+def _scan_split(m, x_BTD):
+  """``scan`` over the first ``SPLIT`` tokens from ``init_state``, then over the rest from the state it
+  returned: ``(state after SPLIT, final state, y)``."""
+  mid, y1 = m.scan(m.init_state(x_BTD.shape[0], x_BTD.shape[1]), x_BTD[:, :SPLIT])
+  final, y2 = m.scan(mid, x_BTD[:, SPLIT:])
+  return mid, final, jnp.concatenate([y1, y2], axis=1)
+
+
+@pytest.mark.parametrize("key", CONFIGS)
+def test_scan_from_a_state_continues_the_sequence(key):
+  # a prefill of SPLIT tokens, then the rest from its state: the forward's outputs, and after each piece the
+  # reference's SSM state and convolution window (the last d_conv − 1 raw inputs)
+  m, cfg = model(key), CONFIGS[key]
+  mid, final, y = _scan_split(m, inputs())
+  ref_y, ref_h, raw = reference(key)
+  assert_close(y, forward(m, inputs()), f"{key}: scan split vs __call__", atol_scale=2e-5)
+  assert_close(y, ref_y, f"{key}: scan split vs reference")
+  prefix_h = numpy_mamba2(params_of(m), inputs()[:, :SPLIT], cfg, N_HEADS)[1]
+  K = cfg.d_conv
+  for name, state, h, window in (("after the prefill", mid, prefix_h, raw[:, SPLIT - (K - 1):SPLIT]),
+                                 ("final", final, ref_h, raw[:, T - (K - 1):])):
+    assert state["ssm"].dtype == jnp.float32 and state["conv"].dtype == jnp.float32
+    assert_close(state["ssm"], h, f"{key}: SSM state {name}")
+    assert_close(state["conv"], window, f"{key}: conv window {name}")
 
 
 # ----------------------------------------------------------------------------------------

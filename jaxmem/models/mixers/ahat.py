@@ -1,5 +1,9 @@
 """Causal average hard attention (AHAT): the attention of exact constructions (RASP programs,
-simulators), and its soft limit ``softmax(β·q·k)`` for training."""
+simulators), and its soft limit ``softmax(β·q·k)`` for training.
+
+Decoding keeps the KV cache of :class:`~jaxmem.models.mixers.softmax.SoftmaxAttention` (``k, v [B, max_len, H,
+D/H]``, ``length [B]``) and reads it with ``q_offset=length``: the argmax set (or the soft weights) over the
+cache positions up to each query's own, hard or soft alike."""
 
 from __future__ import annotations
 
@@ -8,7 +12,10 @@ import math
 import numbers
 from typing import Optional
 
+import jax.numpy as jnp
+
 from jaxmem.kernels.ahat import ahat_attention, soft_attention
+from jaxmem.kernels.attention import kv_cache_append, kv_cache_init
 from jaxmem.kernels.precision import PRECISIONS
 from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv, qkv_state_floats
 from jaxmem.models.mixers.registry import MixerConfig, register
@@ -40,7 +47,8 @@ class AHATConfig(MixerConfig):
   short_conv: int = 0
 
   def state_floats(self, *, d_model: int, n_heads: int, seq_len: int) -> int:
-    """The KV cache, ``2·T·d_model`` (plus the short convolution's last ``K − 1`` inputs)."""
+    """The KV cache, ``2·T·d_model`` (plus the short convolution's last ``K − 1`` inputs; the cache's integer
+    lengths are not floats)."""
     return 2 * seq_len * d_model + qkv_state_floats(self, d_model)
 
   @classmethod
@@ -72,10 +80,21 @@ class AHATAttention(QKVMixer):
   """
 
   def kernel(self, q, k, v):
+    return self._attend(q, k, v)
+
+  def _attend(self, q, k, v, q_offset=None):
     c = self.cfg
     if c.beta is None:
-      return ahat_attention(q, k, v, causal=True, tol=c.tol, precision=c.precision)
-    return soft_attention(q, k, v, beta=c.beta, causal=True, precision=c.precision)
+      return ahat_attention(q, k, v, causal=True, tol=c.tol, precision=c.precision, q_offset=q_offset)
+    return soft_attention(q, k, v, beta=c.beta, causal=True, precision=c.precision, q_offset=q_offset)
+
+  def kernel_init(self, batch_size: int, max_len: int) -> dict:
+    """The KV cache ``{"k", "v": [B, max_len, H, D/H], "length": [B] int32}``."""
+    return kv_cache_init(batch_size, max_len, self.n_heads, self.head_dim, dtype=self.qkv.dtype or jnp.float32)
+
+  def kernel_scan(self, cache, q, k, v):
+    new = kv_cache_append(cache, k, v)
+    return new, self._attend(q, new["k"], new["v"], q_offset=cache["length"])
 
 
 register("ahat", AHATConfig, AHATAttention)

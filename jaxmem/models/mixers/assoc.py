@@ -6,6 +6,12 @@ identity map is linear attention). Per-token write strengths ``β_t = σ(W_β x_
 erasing rules (delta, oja, gated_delta; 1 for hebb/decay) and decays ``γ_t = σ(W_γ x_t)``
 for decay/gated_delta, passed to the kernel in log space (``log_sigmoid``), so decays that
 underflow to 0 stay finite in values and gradients.
+
+Decoding (:meth:`~jaxmem.models.mixers.qkv.QKVMixer.init_state`, ``step``, ``scan`` of the base class): the
+state is the short convolution's tail (if any) and the memory ``S [B, H, D_v, D_k]`` in float32, zeros at the
+start (:meth:`AssociativeMemory.kernel_init`); a prompt's prefill or a chunk of a stream continues from it
+with the kernel's ``initial_state`` (:meth:`AssociativeMemory.kernel_scan`). The state does not grow with the
+sequence (:meth:`AssocConfig.state_floats`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import jax.numpy as jnp
 
 from jaxmem.checks import check_config_ints
 from jaxmem.kernels.assoc import DECAY_RULES, ERASE_RULES, MODES, RULES, associative_memory, l2_normalize
+from jaxmem.kernels.assoc import init as memory_init
 from jaxmem.kernels.feature_maps import FEATURE_MAPS, feature_map, feature_width
 from jaxmem.kernels.precision import PRECISIONS
 from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv, qkv_state_floats
@@ -88,7 +95,8 @@ class AssocConfig(MixerConfig):
 
 
 class AssociativeMemory(QKVMixer):
-  """Projections and gates for the memory; the update and read are the kernel's."""
+  """Projections and gates for the memory; the update and read are the kernel's. Decodes: the memory is the
+  kernel's state (:meth:`kernel_init`, :meth:`kernel_scan`)."""
 
   def __init__(self, cfg: AssocConfig, *, d_model, n_heads, n_layers, dtype, rngs):
     super().__init__(cfg, d_model=d_model, n_heads=n_heads, n_layers=n_layers, dtype=dtype, rngs=rngs)
@@ -104,8 +112,10 @@ class AssociativeMemory(QKVMixer):
     log_decay = None if self.decay is None else jax.nn.log_sigmoid(self.decay(x_BTD).astype(jnp.float32))
     return {"beta": beta, "log_decay": log_decay}
 
-  def kernel(self, q, k, v, *, beta, log_decay):
-    # the feature map and the L2 normalisation act on each head's vectors alone: per-head arithmetic too
+  def _features(self, q, k, v):
+    """The kernel's ``(q, k, v)`` from the heads': ``φ(q)``, ``φ(k)`` (``[B, T, H, D_k]``, ``D_k`` the feature
+    width) and, with :attr:`AssocConfig.normalizes_erase`, the erase vector L2-normalised (``k``; ``v`` for
+    oja). Per-head arithmetic: each head's vectors alone."""
     cfg = self.cfg
     phi = feature_map(cfg.feature_map)
     q, k = phi(q), phi(k)
@@ -114,8 +124,35 @@ class AssociativeMemory(QKVMixer):
         v = l2_normalize(v)
       else:
         k = l2_normalize(k)
-    return associative_memory(q, k, v, beta, rule=cfg.rule, mode=cfg.mode, chunk_size=cfg.chunk_size,
-                              log_decay=log_decay, precision=cfg.precision)
+    return q, k, v
+
+  def kernel(self, q, k, v, *, beta, log_decay):
+    """The read ``o_t = S_t φ(q_t)`` ``[B, T, H, D_v]`` of the memory written by the rule from ``S_0 = 0``
+    (:func:`jaxmem.kernels.assoc.associative_memory` in the configured ``mode``)."""
+    cfg = self.cfg
+    return associative_memory(*self._features(q, k, v), beta, rule=cfg.rule, mode=cfg.mode,
+                              chunk_size=cfg.chunk_size, log_decay=log_decay, precision=cfg.precision)
+
+  def kernel_init(self, batch_size: int, max_len: int) -> jax.Array:
+    """The empty memory ``S_0 = 0`` ``[batch_size, H, D_v, D_k]`` in float32 (``D_k`` the feature width:
+    :meth:`AssocConfig.state_floats` counts it); ``max_len`` is not needed (the memory has a fixed size)."""
+    del max_len
+    d = self.head_dim
+    return memory_init(batch_size, self.n_heads, feature_width(self.cfg.feature_map, d), d, jnp.float32)
+
+  def kernel_scan(self, S, q, k, v, *, beta, log_decay):
+    """:meth:`kernel` from the memory ``S [B, H, D_v, D_k]``: ``(S after the last token, o [B, T, H, D_v])``.
+
+    Every ``mode`` starts from a given state (:func:`~jaxmem.kernels.assoc.associative_memory`'s
+    ``initial_state``), so a sequence runs in the configured one; a single token (``step``) runs the
+    recurrent form, the rule's update itself, whatever the mode (the chunked form would pad it to a chunk).
+    ``S`` keeps its dtype (the update is accumulated in float32 or wider)."""
+    cfg = self.cfg
+    mode = "recurrent" if q.shape[1] == 1 else cfg.mode
+    o, S = associative_memory(*self._features(q, k, v), beta, rule=cfg.rule, mode=mode,
+                              chunk_size=cfg.chunk_size, log_decay=log_decay, precision=cfg.precision,
+                              initial_state=S, return_state=True)
+    return S, o
 
 
 register("assoc", AssocConfig, AssociativeMemory)

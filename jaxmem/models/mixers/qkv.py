@@ -10,6 +10,8 @@ class runs the kernel per device under :func:`jaxmem.sharding.map_heads`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -88,6 +90,49 @@ class QKVMixer(Mixer):
     sees one device's), so it reads no parameter (those go through :meth:`gates`) and never mixes heads or
     batch rows."""
     raise NotImplementedError(f"{type(self).__name__} does not implement the per-head kernel.")
+
+  # -- decoding: the base class carries the short convolution's tail, a subclass the kernel's own state ------
+
+  def kernel_init(self, batch_size: int, max_len: int) -> Any:
+    """The kernel's decoding state before the first token (a pytree: a KV cache with its lengths, a matrix
+    memory, ...), for sequences of up to ``max_len`` tokens. A subclass that decodes implements this and
+    :meth:`kernel_scan`."""
+    raise NotImplementedError(f"{type(self).__name__} has no token-by-token decoding "
+                              "(kernel_init / kernel_scan).")
+
+  def kernel_scan(self, kstate, q_BTHK, k_BTHK, v_BTHK, **gates) -> tuple:
+    """The kernel from a state: ``(kstate, q, k, v [B, T, H, K], gates) -> (kstate after the last token,
+    o [B, T, H, K_v])``, equal to :meth:`kernel` when ``kstate`` is :meth:`kernel_init`'s."""
+    raise NotImplementedError(f"{type(self).__name__} has no token-by-token decoding "
+                              "(kernel_init / kernel_scan).")
+
+  @classmethod
+  def decodes(cls) -> bool:
+    return cls.kernel_scan is not QKVMixer.kernel_scan
+
+  @classmethod
+  def scans(cls) -> bool:
+    return cls.decodes()
+
+  def init_state(self, batch_size: int, max_len: int) -> dict:
+    """``{"conv": the short convolution's last K − 1 inputs [B, K − 1, 3·d_model] (None without one),
+    "kernel": kernel_init(...)}``."""
+    conv = None if self.conv is None else self.conv.init_tail(batch_size, self.qkv.dtype or jnp.float32)
+    return {"conv": conv, "kernel": self.kernel_init(batch_size, max_len)}
+
+  def scan(self, state: dict, x_BTD: jax.Array) -> tuple:
+    B, T, _ = x_BTD.shape
+    qkv = self.qkv(x_BTD)
+    conv = state["conv"]
+    if self.conv is not None:
+      conv, qkv = self.conv.scan(conv, qkv)
+    qkv = qkv.reshape(B, T, 3, self.n_heads, self.head_dim)
+    kstate, o = self.kernel_scan(state["kernel"], qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], **self.gates(x_BTD))
+    return {"conv": conv, "kernel": kstate}, self.out(o.reshape(B, T, self.d_model))
+
+  def step(self, state: dict, x_BD: jax.Array) -> tuple:
+    state, y = self.scan(state, x_BD[:, None])
+    return state, y[:, 0]
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     B, T, _ = x_BTD.shape

@@ -11,6 +11,13 @@
   successor / predecessor of the attended slot. The gate projections start near the
   neutral values (write ≈ 1, retain ≈ 1, content reads), so a hybrid starts close to plain
   attention, and with every flag off it *is* softmax attention.
+
+Decoding: the sDNC's memory is a KV cache (``k, v [B, max_len, H, D/H]``, the slots written per row
+``length [B]``), run by :func:`jaxmem.kernels.sdnc.sdnc_scan` from where it stands. The hybrid's cache adds,
+with a write gate or erase, each slot's log presence ``[B, max_len, H]`` (the write strength, then the
+retentions since: :func:`jaxmem.kernels.sdnc.sdnc_hybrid_scan`); its link reads need nothing more (the link
+matrix of a write-once memory is the shift between neighbouring slots, and the reads use the current
+weights). Past ``max_len`` nothing wraps: the caller (a model's ``generate``) checks lengths on the host.
 """
 
 from __future__ import annotations
@@ -19,8 +26,14 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from jaxmem.kernels.attention import softmax_attention
-from jaxmem.kernels.sdnc import sdnc_attention, sdnc_hybrid_attention
+from jaxmem.kernels.attention import kv_cache_append, kv_cache_init, softmax_attention
+from jaxmem.kernels.sdnc import (
+  sdnc_attention,
+  sdnc_hybrid_attention,
+  sdnc_hybrid_init,
+  sdnc_hybrid_scan,
+  sdnc_scan,
+)
 from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv, qkv_state_floats
 from jaxmem.models.mixers.registry import MixerConfig, register
 
@@ -33,7 +46,8 @@ class SDNCConfig(MixerConfig):
   short_conv: int = 0
 
   def state_floats(self, *, d_model: int, n_heads: int, seq_len: int) -> int:
-    """The write-once memory, ``2·T·d_model`` (plus the short convolution's last ``K − 1`` inputs)."""
+    """The write-once memory, ``2·T·d_model`` (plus the short convolution's last ``K − 1`` inputs; the written
+    slots per row are an integer length, not floats)."""
     return 2 * seq_len * d_model + qkv_state_floats(self, d_model)
 
   def __post_init__(self):
@@ -43,6 +57,13 @@ class SDNCConfig(MixerConfig):
 class SDNCRead(QKVMixer):
   def kernel(self, q, k, v):
     return sdnc_attention(q, k, v)
+
+  def kernel_init(self, batch_size: int, max_len: int) -> dict:
+    """The memory ``{"k", "v": [B, max_len, H, D/H], "length": [B] int32}`` (a KV cache)."""
+    return kv_cache_init(batch_size, max_len, self.n_heads, self.head_dim, dtype=self.qkv.dtype or jnp.float32)
+
+  def kernel_scan(self, memory, q, k, v):
+    return sdnc_scan(memory, q, k, v)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +82,10 @@ class SDNCHybridConfig(MixerConfig):
   short_conv: int = 0
 
   def state_floats(self, *, d_model: int, n_heads: int, seq_len: int) -> int:
-    """The memory ``2·T·d_model``, each head's slot strengths ``H·T`` (with a write gate or erase) and its
-    previous read weights ``H·T`` (link reads), plus the short convolution's last ``K − 1`` inputs."""
-    gates = n_heads * seq_len * ((self.write_gate or self.erase) + self.link_reads)
+    """The memory ``2·T·d_model`` and each head's slot log presences ``H·T`` (with a write gate or erase), plus
+    the short convolution's last ``K − 1`` inputs. Link reads add nothing: they use the current read weights,
+    and the link matrix of a write-once memory is the shift between neighbouring slots."""
+    gates = n_heads * seq_len * (self.write_gate or self.erase)
     return 2 * seq_len * d_model + gates + qkv_state_floats(self, d_model)
 
   @classmethod
@@ -108,6 +130,18 @@ class SDNCHybrid(QKVMixer):
     if not self.cfg.any:
       return softmax_attention(q, k, v, causal=True)
     return sdnc_hybrid_attention(q, k, v, **gates)
+
+  def kernel_init(self, batch_size: int, max_len: int) -> dict:
+    """The KV cache ``{"k", "v": [B, max_len, H, D/H], "length": [B] int32}``, with ``"presence" [B, max_len,
+    H]`` (float32) when a write gate or erase is on."""
+    return sdnc_hybrid_init(batch_size, max_len, self.n_heads, self.head_dim,
+                            dtype=self.qkv.dtype or jnp.float32, presence=self.cfg.write_gate or self.cfg.erase)
+
+  def kernel_scan(self, memory, q, k, v, **gates):
+    if not self.cfg.any:
+      new = kv_cache_append(memory, k, v)
+      return new, softmax_attention(q, new["k"], new["v"], causal=True, q_offset=memory["length"])
+    return sdnc_hybrid_scan(memory, q, k, v, **gates)
 
 
 register("sdnc", SDNCConfig, SDNCRead)

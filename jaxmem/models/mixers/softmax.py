@@ -1,11 +1,20 @@
-"""Causal softmax attention (Vaswani et al. 2017): the baseline every memory is compared with."""
+"""Causal softmax attention (Vaswani et al. 2017): the baseline every memory is compared with.
+
+Decoding keeps a KV cache (:func:`jaxmem.kernels.attention.kv_cache_init`): ``k, v [B, max_len, H, D/H]`` in
+the compute dtype and the tokens written per row, ``length [B]`` (rows may be at different positions). Each
+``scan`` / ``step`` writes its tokens at ``length ..`` and reads the whole cache with the positions after each
+query masked (``softmax_attention(..., q_offset=length)``): one program per chunk shape, whatever the
+lengths. Past ``max_len`` nothing wraps (writes are dropped, the length still grows, reads stay finite): the
+caller (a model's ``generate``) checks lengths on the host."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Optional
 
-from jaxmem.kernels.attention import softmax_attention
+import jax.numpy as jnp
+
+from jaxmem.kernels.attention import kv_cache_append, kv_cache_init, softmax_attention
 from jaxmem.kernels.precision import PRECISIONS
 from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv, qkv_state_floats
 from jaxmem.models.mixers.registry import MixerConfig, register
@@ -26,7 +35,8 @@ class SoftmaxConfig(MixerConfig):
   precision: Optional[str] = None
 
   def state_floats(self, *, d_model: int, n_heads: int, seq_len: int) -> int:
-    """The KV cache, ``2·T·d_model`` (plus the short convolution's last ``K − 1`` inputs)."""
+    """The KV cache, ``2·T·d_model`` (plus the short convolution's last ``K − 1`` inputs; the cache's integer
+    lengths are not floats)."""
     return 2 * seq_len * d_model + qkv_state_floats(self, d_model)
 
   @classmethod
@@ -47,6 +57,15 @@ class SoftmaxAttention(QKVMixer):
 
   def kernel(self, q, k, v):
     return softmax_attention(q, k, v, causal=True, precision=self.cfg.precision)
+
+  def kernel_init(self, batch_size: int, max_len: int) -> dict:
+    """The KV cache ``{"k", "v": [B, max_len, H, D/H], "length": [B] int32}`` (module docstring)."""
+    return kv_cache_init(batch_size, max_len, self.n_heads, self.head_dim, dtype=self.qkv.dtype or jnp.float32)
+
+  def kernel_scan(self, cache, q, k, v):
+    new = kv_cache_append(cache, k, v)
+    return new, softmax_attention(q, new["k"], new["v"], causal=True, precision=self.cfg.precision,
+                                  q_offset=cache["length"])
 
 
 register("softmax", SoftmaxConfig, SoftmaxAttention)

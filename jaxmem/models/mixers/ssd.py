@@ -39,9 +39,12 @@ derives it); defaults ``d_state = 16`` and ``chunk_size = 64`` (Mamba-2: 128 and
 means splitting ``in_proj`` and ``conv1d`` by channel; the decoding conv window is ``[batch, d_conv − 1,
 channels]`` (Mamba-2: ``[batch, channels, d_conv]``).
 
-Decoding: :meth:`Mamba2.init_state` / :meth:`Mamba2.step` carry the last ``d_conv − 1`` inputs of the
-convolution (``u, B, C`` channels) and the SSM state ``[batch, H, P, N]``; their size does not grow with
-the sequence (:meth:`SSDConfig.state_floats`).
+Decoding: :meth:`Mamba2.init_state` / :meth:`Mamba2.step` / :meth:`Mamba2.scan` carry the last ``d_conv − 1``
+inputs of the convolution (``u, B, C`` channels) and the SSM state ``[batch, H, P, N]``; their size does not
+grow with the sequence (:meth:`SSDConfig.state_floats`). ``scan`` (a prompt's prefill) is the sequence form
+from a state, the convolution from its tail (:meth:`~jaxmem.models.layers.CausalConv.scan`) and the kernel
+from its ``initial_state``; ``__call__`` is ``scan`` from the zero state and ``step`` a ``scan`` of one
+token (one code path, :meth:`Mamba2._sequence`).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from jaxmem.models.mixers.registry import Mixer, MixerConfig, register
 from jaxmem.sharding import HEADS_BTH, HEADS_BTHK, constrain_heads, map_heads, param, with_axes
 
 SHARED_BTGN = ("batch", "length", None, None)  # B and C with one group: read by every head, replicated
+STATE_BHPN = ("batch", "heads", None, None)  # the SSM state: per batch row and head
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +188,7 @@ class Mamba2(Mixer):
     out_init = nnx.initializers.normal(0.02 / math.sqrt(2 * n_layers))  # as QKVMixer's output projection
     self.out = proj(d_inner, d_model, ("heads", "embed"), out_init)
 
-  # -- pieces shared by __call__ and step ---------------------------------------------------
+  # -- pieces of the block ------------------------------------------------------------------
 
   def _projections(self, x):
     """``x [..., d_model]`` -> ``(z, u, B, C, δ)`` (each ``[..., ·]``, compute dtype)."""
@@ -210,14 +214,31 @@ class Mamba2(Mixer):
     G, N = self.cfg.n_groups, self.cfg.d_state
     return B.reshape(B.shape[:-1] + (G, N)), C.reshape(C.shape[:-1] + (G, N))
 
-  # -- the sequence ---------------------------------------------------------------------------
+  # -- the sequence, from the zero state or a given one ---------------------------------------
 
-  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+  def _sequence(self, x_BTD: jax.Array, tail, h0) -> tuple:
+    """The block on ``x [batch, T, d_model]`` from a state: ``tail`` the convolution's last ``d_conv − 1``
+    inputs ``[batch, d_conv − 1, d_inner + 2·G·N]`` and ``h0`` the SSM state ``[batch, H, P, N]`` (None: zeros,
+    the sequence call). Returns ``(tail after the last token or None when None came in, h_T, y [batch, T,
+    d_model])``.
+
+    The SSD kernel runs in the configured ``mode``, which every form supports from an initial state; a
+    single token (:meth:`step`) runs the recurrent form, the update itself (the chunked form would pad it
+    to a chunk)."""
     nb, T, _ = x_BTD.shape
     H, P, cfg = self.n_heads, self.head_dim, self.cfg
+    d_inner, GN = self.d_inner, cfg.n_groups * cfg.d_state
     z, u, B, C, dt_raw = self._projections(x_BTD)
-    u = jax.nn.silu(self.conv_x(u))
-    B, C = self._groups(jax.nn.silu(self.conv_B(B)), jax.nn.silu(self.conv_C(C)))
+    if tail is None:
+      tails = (None, None, None)
+    else:
+      tails = (tail[..., :d_inner], tail[..., d_inner:d_inner + GN], tail[..., d_inner + GN:])
+    tail_u, u = self.conv_x.scan(tails[0], u)
+    u = jax.nn.silu(u)
+    tail_B, B = self.conv_B.scan(tails[1], B)
+    B = jax.nn.silu(B)
+    tail_C, C = self.conv_C.scan(tails[2], C)
+    B, C = self._groups(B, jax.nn.silu(C))
     dt, A = self._ssm_params(dt_raw)
     u = constrain_heads(u.reshape(nb, T, H, P))
     if cfg.n_groups == 1:
@@ -227,16 +248,24 @@ class Mamba2(Mixer):
       # reads each head's own group (on a device, local head i is not global head i).
       B, C = (jnp.repeat(a, H // cfg.n_groups, axis=2) for a in (B, C))
       bc_axes = HEADS_BTHK
+    mode = "recurrent" if T == 1 else cfg.mode
 
-    def kernel(u, dt, A, B, C, D):
-      return ssd_kernel.ssd(u, dt, A, B, C, D, mode=cfg.mode, chunk_size=cfg.chunk_size,
-                            precision=cfg.precision)
+    def kernel(u, dt, A, B, C, D, h0):
+      return ssd_kernel.ssd(u, dt, A, B, C, D, mode=mode, chunk_size=cfg.chunk_size, initial_state=h0,
+                            return_state=True, precision=cfg.precision)
 
     # per device: its own batch rows and heads (jaxmem.sharding.map_heads), when a mesh is set
-    y = map_heads(kernel, (u, dt, A, B, C, self.D[...]),
-                  (HEADS_BTHK, HEADS_BTH, ("heads",), bc_axes, bc_axes, ("heads",)), HEADS_BTHK)
-    y = constrain_heads(y).reshape(nb, T, self.d_inner)
-    return self._gated_norm_out(y, z).astype(x_BTD.dtype)
+    y, h = map_heads(kernel, (u, dt, A, B, C, self.D[...], h0),
+                     (HEADS_BTHK, HEADS_BTH, ("heads",), bc_axes, bc_axes, ("heads",), STATE_BHPN),
+                     (HEADS_BTHK, STATE_BHPN))
+    y = constrain_heads(y).reshape(nb, T, d_inner)
+    if tail is not None:
+      tail = jnp.concatenate([tail_u, tail_B, tail_C], axis=-1).astype(tail.dtype)
+    return tail, h, self._gated_norm_out(y, z).astype(x_BTD.dtype)
+
+  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    """The block on the sequence from the zero state: ``[batch, T, d_model] -> [batch, T, d_model]``."""
+    return self._sequence(x_BTD, None, None)[2]
 
   # -- decoding -------------------------------------------------------------------------------
 
@@ -250,23 +279,17 @@ class Mamba2(Mixer):
     conv = jnp.zeros((batch_size, cfg.d_conv - 1, cfg.conv_channels(d_model=self.d_model)), self.compute_dtype)
     return {"conv": conv, "ssm": ssd_kernel.init(batch_size, self.n_heads, self.head_dim, cfg.d_state)}
 
+  def scan(self, state: dict, x_BTD: jax.Array) -> tuple:
+    """The block on ``x [batch, T, d_model]`` from ``state`` (a prompt's prefill, a chunk of a stream):
+    ``(state after the last token, y [batch, T, d_model])``; the convolution continues from ``state["conv"]``,
+    the SSM from ``state["ssm"]``. From :meth:`init_state`'s state it is :meth:`__call__`."""
+    conv, ssm, y = self._sequence(x_BTD, state["conv"], state["ssm"])
+    return {"conv": conv, "ssm": ssm}, y
+
   def step(self, state: dict, x_BD: jax.Array) -> tuple:
-    """One token: ``(state, x_t [batch, d_model]) -> (state, y_t [batch, d_model])``."""
-    nb = x_BD.shape[0]
-    d_inner, GN = self.d_inner, self.cfg.n_groups * self.cfg.d_state
-    z, u, B, C, dt_raw = self._projections(x_BD)
-    dt_conv = state["conv"].dtype
-    tail = state["conv"]
-    tail_u, u = self.conv_x.step(tail[..., :d_inner], u.astype(dt_conv))
-    tail_B, B = self.conv_B.step(tail[..., d_inner:d_inner + GN], B.astype(dt_conv))
-    tail_C, C = self.conv_C.step(tail[..., d_inner + GN:], C.astype(dt_conv))
-    u, B, C = jax.nn.silu(u), jax.nn.silu(B), jax.nn.silu(C)
-    B, C = self._groups(B, C)
-    dt, A = self._ssm_params(dt_raw)
-    ssm, y = ssd_kernel.step(state["ssm"], u.reshape(nb, self.n_heads, self.head_dim), dt, A, B, C, self.D[...],
-                             precision=self.cfg.precision)
-    out = self._gated_norm_out(y.reshape(nb, d_inner), z).astype(x_BD.dtype)
-    return {"conv": jnp.concatenate([tail_u, tail_B, tail_C], axis=-1), "ssm": ssm}, out
+    """One token: ``(state, x_t [batch, d_model]) -> (state, y_t [batch, d_model])`` (:meth:`scan` of one)."""
+    state, y = self.scan(state, x_BD[:, None])
+    return state, y[:, 0]
 
 
 register("ssd", SSDConfig, Mamba2)

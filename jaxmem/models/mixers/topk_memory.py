@@ -1,15 +1,22 @@
 """UniMatrix-Assoc's dense memory as a token mixer: every token appends ``(k, v)``; each reads
 the top-K earlier entries by cosine, ``softmax(τ·cos)`` (:func:`jaxmem.kernels.topk_memory.topk_memory_read`),
-and the read enters through a sigmoid gate ``σ(W_g x)`` (Liu Xiao 2026, ``docs/papers/unimatrix.md``)."""
+and the read enters through a sigmoid gate ``σ(W_g x)`` (Liu Xiao 2026, ``docs/papers/unimatrix.md``).
+
+Decoding keeps the memory as a KV cache (``k, v [B, max_len, H, D/H]``, the entries written per row
+``length [B]``); each token reads the top-K of the entries before its own position
+(``topk_memory_read(..., q_offset=length)``), keeping fewer while fewer exist, as the sequence form does.
+Past ``max_len`` nothing wraps: the caller (a model's ``generate``) checks lengths on the host."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxmem.checks import check_config_ints, check_finite_number
+from jaxmem.kernels.attention import kv_cache_append, kv_cache_init
 from jaxmem.kernels.topk_memory import topk_memory_read
 from jaxmem.models.layers import linear
 from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv, qkv_state_floats
@@ -32,7 +39,8 @@ class TopKMemoryConfig(MixerConfig):
   short_conv: int = 0
 
   def state_floats(self, *, d_model: int, n_heads: int, seq_len: int) -> int:
-    """The append-only memory of keys and values, ``2·T·d_model``."""
+    """The append-only memory of keys and values, ``2·T·d_model`` (plus the short convolution's last ``K − 1``
+    inputs; the memory's integer lengths are not floats)."""
     return 2 * seq_len * d_model + qkv_state_floats(self, d_model)
 
   @classmethod
@@ -60,9 +68,24 @@ class TopKMemory(QKVMixer):
   def kernel(self, q, k, v):
     return topk_memory_read(q, k, v, top_k=self.cfg.top_k, temperature=self.cfg.temperature)
 
-  def __call__(self, x_BTD: jax.Array) -> jax.Array:
-    y = super().__call__(x_BTD)
+  def kernel_init(self, batch_size: int, max_len: int) -> dict:
+    """The memory ``{"k", "v": [B, max_len, H, D/H], "length": [B] int32}`` (a KV cache)."""
+    return kv_cache_init(batch_size, max_len, self.n_heads, self.head_dim, dtype=self.qkv.dtype or jnp.float32)
+
+  def kernel_scan(self, memory, q, k, v):
+    new = kv_cache_append(memory, k, v)
+    return new, topk_memory_read(q, new["k"], new["v"], top_k=self.cfg.top_k, temperature=self.cfg.temperature,
+                                 q_offset=memory["length"])
+
+  def _gate(self, y: jax.Array, x_BTD: jax.Array) -> jax.Array:
     return y if self.read_gate is None else y * jax.nn.sigmoid(self.read_gate(x_BTD))
+
+  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    return self._gate(super().__call__(x_BTD), x_BTD)
+
+  def scan(self, state: dict, x_BTD: jax.Array) -> tuple:
+    state, y = super().scan(state, x_BTD)   # (step is scan on one token)
+    return state, self._gate(y, x_BTD)
 
 
 register("topk_memory", TopKMemoryConfig, TopKMemory)
