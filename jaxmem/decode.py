@@ -2,8 +2,8 @@
 
 Any model with the decoding methods ``init_state(batch_size, max_len)``, ``scan(state, tokens [B, T]) ->
 (state, logits [B, T, V])`` and ``step(state, tokens [B]) -> (state, logits [B, V])`` —
-:class:`~jaxmem.models.TransformerLM` whose mixers all decode, :class:`~jaxmem.models.DNCLM` — decodes in two
-phases inside one compiled program:
+:class:`~jaxmem.models.TransformerLM` whose mixers all decode, :class:`~jaxmem.models.UniMatrixLM`,
+:class:`~jaxmem.models.DNCLM` — decodes in two phases inside one compiled program:
 
 1. **prefill**: the first ``P`` tokens of every row (``P`` = the shortest prompt) through the models' parallel /
    chunked sequence forms (``scan``), once, returning every layer's state;
@@ -40,7 +40,7 @@ def _check_model(model) -> None:
   for name in ("init_state", "scan", "step"):
     if not callable(getattr(model, name, None)):
       raise ValueError(f"`model` ({type(model).__name__}) cannot decode: it has no `{name}` method (every "
-                       f"TransformerLM whose mixers decode and DNCLM do).")
+                       f"TransformerLM whose mixers decode, UniMatrixLM and DNCLM do).")
   check = getattr(model, "_check_decodes", None)
   if check is not None:
     check()
@@ -114,8 +114,11 @@ def filter_logits(logits_BV: jax.Array, top_k: Optional[int], top_p) -> jax.Arra
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "P", "n", "greedy", "top_k", "use_top_p",
                                              "return_logits"))
-def _generate(graphdef, params, prompt, lengths, temperature, top_p, key, *, P, n, greedy, top_k, use_top_p,
-              return_logits):
+def decode_program(graphdef, params, prompt, lengths, temperature, top_p, key, *, P, n, greedy, top_k,
+                   use_top_p, return_logits):
+  """The compiled program behind :func:`generate` (one per set of static arguments; its ``_cache_size()``
+  counts them): prefill then the decode ``lax.scan``; returns ``(tokens [B, T + n], logits [B, n, V] or
+  None)``."""
   model = nnx.merge(graphdef, params)
   B, T = prompt.shape
   state = model.init_state(B, T + n)
@@ -152,8 +155,8 @@ def generate(model: nnx.Module, prompt_BT, max_new_tokens: int, *, temperature: 
   """Samples ``max_new_tokens`` tokens after each prompt (module docstring: prefill, then one ``lax.scan``).
 
   Args:
-    model: a language model that decodes (``TransformerLM`` with decoding mixers, ``DNCLM``); put it in
-      eval mode first if it has dropout.
+    model: a language model that decodes (``TransformerLM`` with decoding mixers, ``UniMatrixLM``, ``DNCLM``);
+      put it in eval mode first if it has dropout.
     prompt_BT: token ids ``[B, T]``, right-padded when ``prompt_lengths`` is given.
     max_new_tokens: ``n``, new tokens per row.
     temperature: divides the logits before sampling; ``0.0`` is greedy (argmax, no randomness).
@@ -176,11 +179,11 @@ def generate(model: nnx.Module, prompt_BT, max_new_tokens: int, *, temperature: 
   prompt = prompt[:, :int(lengths.max())]      # padding past the longest prompt is never read
   graphdef, params = nnx.split(model)
   greedy = temperature == 0
-  out, logits = _generate(graphdef, params, jnp.asarray(prompt), jnp.asarray(lengths),
+  out, logits = decode_program(graphdef, params, jnp.asarray(prompt), jnp.asarray(lengths),
                           jnp.float32(temperature if not greedy else 1.0), jnp.float32(top_p or 1.0),
                           jax.random.key(seed), P=int(lengths.min()), n=int(max_new_tokens), greedy=greedy,
                           top_k=top_k, use_top_p=top_p is not None, return_logits=return_logits)
   return (out, logits) if return_logits else out
 
 
-__all__ = ["filter_logits", "generate"]
+__all__ = ["decode_program", "filter_logits", "generate"]

@@ -224,24 +224,36 @@ def test_bench_rasp_quick_prints_ratio(capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_bench_decode_prints_times_state_sizes_and_ratios(capsys, monkeypatch):
+  """The table's arithmetic, from a timer that runs each timed program once (so every program is compiled and
+  run) and returns fixed times: prefill 10 ms, then 3 ms (softmax) or 1.5 ms (gated delta) per new token."""
   import jaxmem.bench.decode as bench_decode
-  monkeypatch.setattr(bench_decode, "QUICK", dict(contexts=(8, 24), batches=(2,), n=2, d_model=16, n_layers=1,
+  n = 2
+  monkeypatch.setattr(bench_decode, "QUICK", dict(contexts=(8, 24), batches=(2,), n=n, d_model=16, n_layers=1,
                                                   n_heads=2))
+  calls = []
+
+  def fixed_time(fn, repeats=5, warmup=1):
+    fn()
+    calls.append(fn)
+    i = len(calls) - 1   # per context and batch: softmax (prefill, generate), then gated delta (same)
+    step = 0.003 if (i // 2) % 2 == 0 else 0.0015
+    return 0.010 if i % 2 == 0 else 0.010 + n * step
+
+  monkeypatch.setattr(bench_decode, "time_host", fixed_time)
   assert main(["bench", "decode", "--quick", "--repeats", "1"]) == 0
   out = capsys.readouterr().out
   kv = {int(r[1]): r for r in table_rows(out, "softmax (KV cache)")}
   mem = {int(r[1]): r for r in table_rows(out, "gated delta (state)")}
-  assert set(kv) == set(mem) == {8, 24}
-  for rows in (kv, mem):
-    for r in rows.values():
-      assert all(positive_finite(c.replace(",", "")) for c in r[3:6]), r
-  # the KV cache holds 2 · (C + n) · d_model floats and a length per row; the memory H · d_k² floats and the
-  # short conv's tail: MiB printed to 2 decimals, so compare exactly at these sizes via the state function
-  from jaxmem.bench.decode import _state_bytes
-  models = bench_decode._models(16, 1, 2)
-  assert _state_bytes(models["softmax (KV cache)"], 24, 2) > _state_bytes(models["softmax (KV cache)"], 8, 2)
-  assert _state_bytes(models["gated delta (state)"], 24, 2) == _state_bytes(models["gated delta (state)"], 8, 2)
-  for C in (8, 24):   # the ratio column is the quotient of the two printed ms/token (3 significant digits each)
+  assert set(kv) == set(mem) == {8, 24} and len(calls) == 8
+  for C in (8, 24):
+    assert float(kv[C][3]) == 3.0 and float(mem[C][3]) == 1.5
+    assert positive_finite(kv[C][4]) == pytest.approx(2 / 0.003, abs=0.5)           # batch / seconds per token
+    assert positive_finite(kv[C][5]) == pytest.approx(2 * C / 0.010, abs=0.5)       # prefill tokens / s
     (ratio,) = [r for r in table_rows(out, str(C)) if len(r) == 3]
-    got, want = float(ratio[2].rstrip("×")), float(kv[C][3]) / float(mem[C][3])
-    assert abs(got - want) <= 0.005 + 0.011 * want, (got, want)
+    assert ratio[2] == "2.00×"
+  # state bytes: the KV cache grows with the context (2 · (C + n) · d_model floats and lengths), the memory not
+  models = bench_decode._models(16, 1, 2)
+  kv_bytes = lambda C: bench_decode._state_bytes(models["softmax (KV cache)"], C, n)
+  mem_bytes = lambda C: bench_decode._state_bytes(models["gated delta (state)"], C, n)
+  assert kv_bytes(24) - kv_bytes(8) == 2 * 16 * 16 * 4 and mem_bytes(24) == mem_bytes(8)
+  assert "faster from context 8" in out

@@ -89,6 +89,13 @@ def test_sampling_is_deterministic_and_stays_in_the_top_k_and_top_p_sets():
     for b, L in enumerate(LENGTHS):
       for j in range(N_NEW):
         assert tokens[b, L + j] in _allowed(logits[b, j], top_k, top_p), (top_k, top_p, b, j)
+  # one compiled program for every seed, temperature and top_p value (they are arguments, not constants)
+  from jaxmem.decode import decode_program
+  before = decode_program._cache_size()
+  for seed, temperature, top_p in ((11, 0.7, 0.3), (12, 1.3, 0.9)):
+    jaxmem.generate(model, PROMPT, N_NEW, seed=seed, temperature=temperature, top_p=top_p,
+                    prompt_lengths=LENGTHS)
+  assert decode_program._cache_size() == before + 1
   greedy = jaxmem.generate(model, PROMPT, N_NEW, temperature=0.0, prompt_lengths=LENGTHS)
   top1 = jaxmem.generate(model, PROMPT, N_NEW, top_k=1, seed=3, prompt_lengths=LENGTHS)
   np.testing.assert_array_equal(np.asarray(top1), np.asarray(greedy))

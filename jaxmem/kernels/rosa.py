@@ -30,6 +30,10 @@ Two implementations, tested equal to each other and to a brute-force search:
   keeping every state's most recent end position walks the new state's suffix-link path
   once per token (as RWKV-8's reference does), which is short on typical text but up to
   ``t`` states on periodic input (``a a a …``), so ``O(T²)`` in the worst case.
+* :func:`rosa_init` / :func:`rosa_scan` — :func:`rosa`'s recurrence as a streaming state of fixed
+  capacity ``C`` (the tokens so far and their match lengths ``M``, ``[B, C]`` each, and a count per
+  row), for decoding: feeding a sequence in pieces gives :func:`rosa` of the whole, ``O(C)`` vector
+  work per token. Rows may be at different positions.
 """
 
 from __future__ import annotations
@@ -95,6 +99,47 @@ def rosa(tokens_BT, *, none_id: int = -1, return_length: bool = False):
   _, (pred_TB, length_TB) = jax.lax.scan(step, jnp.zeros((B, T), jnp.int32), j_T)
   pred_BT, length_BT = pred_TB.T, length_TB.T
   return (pred_BT, length_BT) if return_length else pred_BT
+
+
+def rosa_init(batch_size: int, capacity: int) -> dict:
+  """The empty streaming state of :func:`rosa_scan` for ``batch_size`` rows of up to ``capacity`` tokens:
+  ``{"tokens": [B, C] int32, "match": [B, C] int32 (M of the last token), "length": [B] int32}``."""
+  for name, value in (("batch_size", batch_size), ("capacity", capacity)):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+      raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+  zeros = jnp.zeros((batch_size, capacity), jnp.int32)
+  return {"tokens": zeros, "match": zeros, "length": jnp.zeros((batch_size,), jnp.int32)}
+
+
+def rosa_scan(state: dict, tokens_BT, *, none_id: int = -1, return_length: bool = False):
+  """:func:`rosa` continued from a streaming state (:func:`rosa_init`): ``(state, pred_BT)``.
+
+  Row ``b`` continues at its own position ``state["length"][b]``; the predictions equal those of
+  :func:`rosa` on the row's whole sequence so far. Tokens past the capacity are not stored (under
+  ``jit`` this cannot raise): keep ``length + T <= capacity``.
+
+  Returns:
+    ``(new_state, pred_BT)``, and with ``return_length`` ``(new_state, (pred_BT, length_BT))``.
+  """
+  B, T = _check_tokens("tokens_BT", tokens_BT, 2, "B, T")
+  none_id = _check_none_id(none_id)
+  C = state["tokens"].shape[1]
+  j_C = jnp.arange(C, dtype=jnp.int32)
+
+  def step(st, x_B):
+    buf, M, t = st["tokens"], st["match"], st["length"]
+    prev = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), M[:, :-1]], axis=1)   # M_{t-1}[j-1]
+    M = jnp.where((buf == x_B[:, None]) & (j_C[None] < t[:, None]), prev + 1, 0)
+    buf = jnp.where(j_C[None] == t[:, None], x_B[:, None], buf)
+    L = jnp.max(M, axis=1)
+    j = jnp.max(jnp.where(M == L[:, None], j_C[None], -1), axis=1)               # most recent
+    nxt = jnp.take_along_axis(buf, jnp.clip(j + 1, 0, C - 1)[:, None], axis=1)[:, 0]
+    pred = jnp.where(L > 0, nxt, jnp.int32(none_id))
+    return {"tokens": buf, "match": M, "length": t + 1}, (pred, L)
+
+  x_TB = jnp.swapaxes(jnp.asarray(tokens_BT).astype(jnp.int32), 0, 1)
+  state, (pred_TB, length_TB) = jax.lax.scan(step, state, x_TB)
+  return state, ((pred_TB.T, length_TB.T) if return_length else pred_TB.T)
 
 
 class SuffixAutomaton:

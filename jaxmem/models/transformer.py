@@ -296,12 +296,13 @@ class TransformerLM(nnx.Module):
     cfg, P = self.cfg, len(self.cfg.pattern)
     repeats = cfg.n_layers // P
 
-    def stacked(mixer_cfg):
-      block = nnx.eval_shape(lambda: Block(cfg, mixer_cfg, rngs=nnx.Rngs(0)))
-      one = block.init_state(batch_size, max_len)
+    def stacked(stack: Block):
+      # a decoding state reads the modules' sizes, never their parameters, so the stacked module (parameters
+      # with a leading layer axis) gives one layer's state; every layer starts from the same one
+      one = stack.init_state(batch_size, max_len)
       return jax.tree.map(lambda x: jnp.broadcast_to(x, (repeats,) + x.shape), one)
 
-    layers = stacked(cfg.pattern[0]) if P == 1 else tuple(stacked(m) for m in cfg.pattern)
+    layers = stacked(self.blocks) if P == 1 else tuple(stacked(s) for s in self.blocks)
     n = cfg.ngram_inputs
     ngram = jnp.zeros((batch_size, n - 1, cfg.d_model), jnp.dtype(cfg.dtype)) if n > 1 else None
     return {"pos": jnp.zeros((batch_size,), jnp.int32), "layers": layers, "ngram": ngram}

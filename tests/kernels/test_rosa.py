@@ -3,7 +3,8 @@
 Proven: predictions and match lengths of all three agree on hand-made sequences (runs, periods,
 ties between recent and longer matches) and on random sequences with long repeats; hand-computed
 values; the streaming automaton equals the batch one; the kernel is causal; jit, integer dtypes,
-empty input and bad input. The kernel runs through a module-level jit, the hand-made sequences
+empty input and bad input; the streaming form (rosa_scan) fed in pieces, rows at different
+positions, equals the automaton. The kernel runs through a module-level jit, the hand-made sequences
 as one padded batch, so each shape compiles once.
 """
 
@@ -14,7 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxmem.kernels.rosa import SuffixAutomaton, rosa, rosa_automaton, rosa_automaton_batched
+from jaxmem.kernels.rosa import (
+  SuffixAutomaton,
+  rosa,
+  rosa_automaton,
+  rosa_automaton_batched,
+  rosa_init,
+  rosa_scan,
+)
 
 rosa_jit = jax.jit(rosa, static_argnames=("none_id", "return_length"))
 
@@ -99,6 +107,40 @@ def test_streaming_automaton_matches_batch():
   sam = SuffixAutomaton(none_id=-2)
   streamed = [sam.append(int(v))[0] for v in x]
   np.testing.assert_array_equal(streamed, rosa_automaton(x, none_id=-2))
+
+
+rosa_scan_jit = jax.jit(rosa_scan, static_argnames=("none_id", "return_length"))
+
+
+def test_streaming_rosa_in_pieces_with_rows_at_different_positions_equals_the_automaton():
+  rng = np.random.default_rng(5)
+  x_BT = rng.integers(0, 3, (3, 40)).astype(np.int32)
+  x_BT[1, :12] = x_BT[1, 12:24]  # a long repeat
+  ref_pred, ref_len = rosa_automaton_batched(x_BT, none_id=-3, return_length=True)
+  state = rosa_init(3, 48)        # capacity above the length: unused cells are never read
+  # row b starts b tokens late (its first b tokens fed one at a time before the pieces)
+  offsets = np.arange(3)
+  preds = [[] for _ in range(3)]
+  lens = [[] for _ in range(3)]
+  for b in range(3):
+    for i in range(b):   # advance row b alone by its first b tokens
+      one = jax.tree.map(lambda a: a[b:b + 1], state)
+      one, (p, n) = rosa_scan_jit(one, x_BT[b:b + 1, i:i + 1], none_id=-3, return_length=True)
+      state = jax.tree.map(lambda s, o: s.at[b:b + 1].set(o), state, one)
+      preds[b].append(int(p[0, 0]))
+      lens[b].append(int(n[0, 0]))
+  for lo, hi in ((0, 7), (7, 8), (8, 30), (30, 38)):
+    cols = np.stack([x_BT[b, offsets[b] + lo: offsets[b] + hi] for b in range(3)])
+    state, (p, n) = rosa_scan_jit(state, cols, none_id=-3, return_length=True)
+    for b in range(3):
+      preds[b] += np.asarray(p[b]).tolist()
+      lens[b] += np.asarray(n[b]).tolist()
+  for b in range(3):
+    np.testing.assert_array_equal(preds[b], ref_pred[b, :38 + b])
+    np.testing.assert_array_equal(lens[b], ref_len[b, :38 + b])
+  np.testing.assert_array_equal(np.asarray(state["length"]), 38 + offsets)
+  with pytest.raises(ValueError, match="`capacity` must be a positive integer"):
+    rosa_init(2, 0)
 
 
 def test_rosa_is_causal():

@@ -475,6 +475,26 @@ def test_step_api_equals_the_scan():
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def test_a_sequence_in_two_pieces_from_the_returned_state_equals_one_run():
+  """What decoding relies on (UniMatrixLM.scan): the state after a piece, merge ids included, resumes it."""
+  q, k, v, x, gate = std_case(4)
+  q, k, v, g = f32(q, k, v, gate)
+  x = np.asarray(x, np.int32)
+  m = (x + 1) % 3                      # merge ids that repeat, so that merges by id happen across the cut
+  whole, final = jax.tree.map(np.asarray, std_memory(q, k, v, x, g, return_state=True, merge_ids_BT=m))
+  cut = 5
+  first, state = std_memory(q[:, :cut], k[:, :cut], v[:, :cut], x[:, :cut], g[:, :cut], return_state=True,
+                            merge_ids_BT=m[:, :cut])
+  rest, state = std_memory(q[:, cut:], k[:, cut:], v[:, cut:], x[:, cut:], g[:, cut:], return_state=True,
+                           merge_ids_BT=m[:, cut:], initial_state=state)
+  for field in ("context", "weights", "ids", "pointer"):
+    joined = np.concatenate([np.asarray(getattr(first, field)), np.asarray(getattr(rest, field))], axis=1)
+    np.testing.assert_allclose(joined, getattr(whole, field), atol=1e-6, err_msg=field)
+  for a, b in zip(state, final, strict=True):
+    np.testing.assert_allclose(np.asarray(a), b, atol=1e-6)
+  assert (np.asarray(state.key_ids) >= 0).any()
+
+
 vmapped_std_memory = jax.jit(jax.vmap(std_memory))
 
 

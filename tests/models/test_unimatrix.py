@@ -426,7 +426,7 @@ def test_rosa_modulation_is_conditioned_on_the_rosa_row_or_the_current_token():
     c = r if form == "rosa" else E[x]
     # float32 against float64: O(1) entries through one 16-term product and tanh, each op within a few
     # ε = 6e-8 relative; the products up to ~|M c| ≈ 10, so 1e-5 relative, 1e-5 absolute
-    np.testing.assert_allclose(model._embed(_Inputs(jnp.asarray(x))), e * (1 + np.tanh(c @ M + b)) + r,
+    np.testing.assert_allclose(model._embed(_Inputs(jnp.asarray(x)))[0], e * (1 + np.tanh(c @ M + b)) + r,
                                rtol=1e-5, atol=1e-5, err_msg=form)
 
 

@@ -22,6 +22,8 @@ from jaxmem.models import TransformerConfig, TransformerLM, mixers
 from jaxmem.train import lm_loss
 
 VOCAB, T, BATCH = 32, 12, 2
+# the prefill (decoding's `scan`) is compiled and compared with one device for a KV cache and a carried memory
+PREFILL_COMPARED = {("softmax", 1), ("assoc", 2)}
 
 
 def model_for(name: str, example: int) -> TransformerLM:
@@ -52,12 +54,27 @@ def main(out: str) -> None:
       sharded = traced.lower().compile()(p_sharded, batch)
     diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded), strict=True))
+    # the prefill (each mixer's `scan` from its decoding state): per device too, and equal to one device
+    def prefill_logits(p, g=g, r=r):
+      m = nnx.merge(g, p, r)
+      return m.scan(m.init_state(BATCH, T), batch["inputs"])[1]
+    with jax.set_mesh(mesh):   # traced for every mixer (cheap); compiled and compared for one cache, one memory
+      traced_prefill = jax.jit(prefill_logits, in_shardings=(psh,)).trace(p_sharded)
+      prefill_per_device = "shard_map" in str(traced_prefill.jaxpr)
+      compare = (name, example) in PREFILL_COMPARED
+      logits_sharded = traced_prefill.lower().compile()(p_sharded) if compare else None
+    logits_single = jax.jit(prefill_logits)(p) if compare else None
+    prefill_diff = float(np.max(np.abs(np.asarray(logits_single) - np.asarray(logits_sharded)))) if compare \
+        else 0.0
     leaves = jax.tree_util.tree_leaves_with_path(sharded[1])
     shapes = {sharding.path_str(path): [list(x.shape), list(x.addressable_shards[0].data.shape)]
               for path, x in leaves if "/attn/" in sharding.path_str(path)}
     results[f"{name}/{example}"] = {"max_abs_diff": diff, "scale": float(np.abs(np.asarray(single[0]))),
                                     "shapes": shapes, "layout": sharding.layout_table(p, mesh),
-                                    "shard_map": per_device}
+                                    "shard_map": per_device, "prefill_shard_map": prefill_per_device,
+                                    "prefill_max_abs_diff": prefill_diff,
+                                    "prefill_scale": float(np.abs(np.asarray(logits_single)).max()) if compare
+                                    else 1.0}
   with open(out, "w") as fh:
     json.dump(results, fh)
 

@@ -191,6 +191,10 @@ def test_every_mixer_splits_its_heads_on_a_model_axis_of_2_and_computes_as_one_d
     # the per-head kernel runs per device (map_heads: QKVMixer's for every QKV mixer, the others' own), not
     # left to GSPMD, which all-gathers heads inside scans over time
     assert res["shard_map"], f"{name}: its kernel does not run under jax.shard_map (jaxmem.sharding.map_heads)"
+    # decoding's prefill (`scan` from the decoding state) too, with the same logits as on one device
+    assert res["prefill_shard_map"], f"{name}: its prefill kernel does not run under jax.shard_map"
+    assert res["prefill_max_abs_diff"] <= 1e-5 * max(1.0, res["prefill_scale"]), \
+        (name, res["prefill_max_abs_diff"])
     split = [p for p, (full, local) in res["shapes"].items() if full != local]
     assert split, f"{name}: no parameter of its mixer is split over the model axis\n{res['layout']}"
     for p in split:

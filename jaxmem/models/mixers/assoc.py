@@ -29,6 +29,7 @@ from jaxmem.kernels.feature_maps import FEATURE_MAPS, feature_map, feature_width
 from jaxmem.kernels.precision import PRECISIONS
 from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv, qkv_state_floats
 from jaxmem.models.mixers.registry import MixerConfig, register
+from jaxmem.sharding import STATE_BHKV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +140,10 @@ class AssociativeMemory(QKVMixer):
     del max_len
     d = self.head_dim
     return memory_init(batch_size, self.n_heads, feature_width(self.cfg.feature_map, d), d, jnp.float32)
+
+  def kernel_state_axes(self, S) -> tuple:
+    """The memory ``[B, H, D_v, D_k]``: rows and heads split over a mesh."""
+    return STATE_BHKV
 
   def kernel_scan(self, S, q, k, v, *, beta, log_decay):
     """:meth:`kernel` from the memory ``S [B, H, D_v, D_k]``: ``(S after the last token, o [B, T, H, D_v])``.

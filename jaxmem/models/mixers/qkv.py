@@ -106,6 +106,17 @@ class QKVMixer(Mixer):
     raise NotImplementedError(f"{type(self).__name__} has no token-by-token decoding "
                               "(kernel_init / kernel_scan).")
 
+  def kernel_state_axes(self, kstate) -> Any:
+    """The logical axes of :meth:`kernel_init`'s pytree (a tuple per array), so that :meth:`scan` runs
+    :meth:`kernel_scan` per device under :func:`jaxmem.sharding.map_heads` like :meth:`__call__`. The default
+    names a KV cache (:func:`jaxmem.kernels.attention.kv_cache_init`: ``k``, ``v`` ``[B, max_len, H, K]``,
+    ``length [B]``, and an optional ``presence [B, max_len, H]``); a mixer with another state overrides it."""
+    known = {"k": KV_BLHK, "v": KV_BLHK, "length": ("batch",), "presence": ("batch", None, "heads")}
+    if not (isinstance(kstate, dict) and set(kstate) <= set(known)):
+      raise NotImplementedError(f"{type(self).__name__}: give the logical axes of its decoding state "
+                                "(kernel_state_axes).")
+    return {name: known[name] for name in kstate}
+
   @classmethod
   def decodes(cls) -> bool:
     return cls.kernel_scan is not QKVMixer.kernel_scan
@@ -127,7 +138,22 @@ class QKVMixer(Mixer):
     if self.conv is not None:
       conv, qkv = self.conv.scan(conv, qkv)
     qkv = qkv.reshape(B, T, 3, self.n_heads, self.head_dim)
-    kstate, o = self.kernel_scan(state["kernel"], qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], **self.gates(x_BTD))
+    q, k, v = constrain_heads(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+    gates = self.gates(x_BTD)
+    kstate = state["kernel"]
+    leaves, treedef = jax.tree.flatten(kstate)
+    state_axes = jax.tree.leaves(self.kernel_state_axes(kstate), is_leaf=lambda a: isinstance(a, tuple))
+    names, n = tuple(gates), len(leaves)
+
+    def fn(*args):
+      ks = jax.tree.unflatten(treedef, args[:n])
+      return self.kernel_scan(ks, *args[n:n + 3], **dict(zip(names, args[n + 3:], strict=True)))
+
+    axes = tuple(state_axes) + (HEADS_BTHK,) * 3 + tuple(_gate_axes(m, g) for m, g in gates.items())
+    out_axes = (jax.tree.unflatten(treedef, state_axes), HEADS_BTHK)
+    # per device: its own batch rows and heads (jaxmem.sharding.map_heads), when a mesh is set
+    kstate, o = map_heads(fn, (*leaves, q, k, v, *gates.values()), axes, out_axes)
+    o = constrain_heads(o)
     return {"conv": conv, "kernel": kstate}, self.out(o.reshape(B, T, self.d_model))
 
   def step(self, state: dict, x_BD: jax.Array) -> tuple:
@@ -144,6 +170,9 @@ class QKVMixer(Mixer):
     # per device: its own batch rows and heads (jaxmem.sharding.map_heads), when a mesh is set
     o_BTHK = constrain_heads(map_heads(fn, (q, k, v, *gates.values()), axes, HEADS_BTHK))
     return self.out(o_BTHK.reshape(B, T, self.d_model))
+
+
+KV_BLHK = ("batch", None, "heads", "head_dim")   # a KV cache: rows and heads split, positions not
 
 
 def _gate_axes(name: str, g):

@@ -82,12 +82,32 @@ class UniMatrixBlock(nnx.Module):
 
   def __call__(self, h, initial_state=None, return_state: bool = False, key=None):
     """``key``: this step's dropout key (None: no dropout; see :class:`UniMatrixLM`)."""
-    S_T, y = self.mixer.scan(initial_state, self.ln1(h))
+    h, S_T, _ = self._apply(h, initial_state, None, key)
+    return (h, S_T) if return_state else h
+
+  def init_state(self, batch_size: int, max_len: int) -> dict:
+    """One application's decoding state: ``{"matrix": S_0 [B, H, S, S], "memory": the dense memory's KV
+    cache (dense_memory) or None}``."""
+    memory = None if self.memory is None else self.memory.init_state(batch_size, max_len)
+    return {"matrix": self.mixer.init_state(batch_size, max_len), "memory": memory}
+
+  def scan(self, state: dict, h) -> tuple:
+    """The block on ``h [B, T, d_model]`` continuing from ``state`` (no dropout): ``(state, h)``."""
+    h, S_T, memory = self._apply(h, state["matrix"], state["memory"], None, decoding=True)
+    return {"matrix": S_T, "memory": memory}, h
+
+  def _apply(self, h, S_0, memory, key, decoding: bool = False):
+    """The residual branches; the dense memory over the whole sequence, or from its cache when decoding."""
+    S_T, y = self.mixer.scan(S_0, self.ln1(h))
     h = h + _dropout(self.drop, y, key, 0)
     if self.memory is not None:
-      h = h + _dropout(self.drop, self.memory(self.ln_m(h)), key, 1)
+      if decoding:
+        memory, y = self.memory.scan(memory, self.ln_m(h))
+      else:
+        y = self.memory(self.ln_m(h))
+      h = h + _dropout(self.drop, y, key, 1)
     h = h + _dropout(self.drop, self.ffn(self.ln2(h)), key, 2)
-    return (h, S_T) if return_state else h
+    return h, S_T, memory
 
 
 def _dropout(drop, x, key, site: int):
@@ -140,6 +160,14 @@ class UniMatrixLM(nnx.Module):
   :meth:`apply_onehot` takes one-hot rows ``[B, T, vocab_size]`` instead of ids. With
   ``cfg.dropout > 0`` every call in train mode (the default) draws new masks from the model's
   dropout stream; ``model.eval()`` makes calls deterministic.
+
+  Decoding (``jaxmem.generate``): :meth:`init_state`, :meth:`scan` (a piece of every row) and :meth:`step`
+  (one token per row) give the logits of :meth:`__call__` on the whole sequence (eval mode). The state holds,
+  per row, the position and the last token (``x_{t−1}`` of the bigram ROSA and of the slot keys), the ROSA
+  stream (``rosa="automaton"``), the slot memory, and per depth step (stacked on a leading ``depth`` axis,
+  scanned with the depth steps) the matrix state and the dense memory's KV cache. ACT decodes as it runs:
+  every depth step advances every position whatever its halting, which only weights the outputs.
+  ``carry_state=True`` cannot decode (:meth:`_check_decodes`).
   """
 
   def __init__(self, cfg: UniMatrixConfig, *, rngs: nnx.Rngs):
@@ -212,53 +240,126 @@ class UniMatrixLM(nnx.Module):
     return self._forward(_Inputs(onehot_BTV), return_aux)
 
   # ------------------------------------------------------------------------------------
-  def _embed(self, inp: _Inputs):
+  # ------------------------------------------------------------------------------------
+  def _check_decodes(self) -> None:
+    """Raises ``ValueError`` for a configuration that cannot decode token by token."""
+    if self.cfg.carry_state:
+      raise ValueError("UniMatrixConfig.carry_state=True cannot decode: it carries the matrix state left after "
+                       "the last token of a depth step into the next step, so every position reads future "
+                       "tokens by design (the paper's released-code leak, for study only).")
+
+  def init_state(self, batch_size: int, max_len: int) -> dict:
+    """The decoding state before the first token, for sequences of up to ``max_len`` tokens: ``{"pos": [B]
+    int32 (tokens read per row), "prev": [B] int32 (the last token, -1 before the first), "depth": each depth
+    step's block state (:meth:`UniMatrixBlock.init_state`, stacked on a leading ``depth`` axis), "rosa": the
+    ROSA stream of capacity ``max_len`` (``rosa="automaton"``) or None, "slots": the slot memory or None}``."""
+    self._check_decodes()
+    cfg = self.cfg
+    for name, value in (("batch_size", batch_size), ("max_len", max_len)):
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
+    if cfg.positions == "learned" and max_len > cfg.max_len:
+      raise ValueError(f"`max_len`={max_len} exceeds the {cfg.max_len} learned positions of this model "
+                       f"(UniMatrixConfig.max_len).")
+    block = self.block.init_state(batch_size, max_len)
+    B = batch_size
+    return {"pos": jnp.zeros((B,), jnp.int32), "prev": jnp.full((B,), -1, jnp.int32),
+            "depth": jax.tree.map(lambda x: jnp.broadcast_to(x, (cfg.depth,) + x.shape), block),
+            "rosa": rosa_kernel.rosa_init(B, max_len) if cfg.rosa == "automaton" else None,
+            "slots": slot_kernel.init(B, cfg.n_slots, cfg.d_model, cfg.d_model) if cfg.n_slots else None}
+
+  def scan(self, state: dict, tokens_BT: jax.Array) -> tuple:
+    """``T`` more tokens of every row from ``state``: ``(state, logits [B, T, vocab_size] float32)``, equal to
+    the corresponding positions of :meth:`__call__` (eval mode) on the whole sequence; each row continues at
+    its own position. Never applies dropout. Learned positions past ``max_len`` cannot be checked under
+    ``jit``: they are clamped to the last one, so check lengths first (``jaxmem.generate`` does)."""
+    check_rank("tokens", tokens_BT, 2, "B, T")
+    tokens_BT = token_ids(tokens_BT, self.cfg.vocab_size).astype(jnp.int32)
+    inp = _Inputs(tokens_BT)
+    h, rosa = self._embed(inp, state)
+    h, _, depth = self._depth(h, inp, None, state["depth"])
+    pointer, slots = None, state["slots"]
+    if self.slot_norm is not None:
+      h, pointer, _, slots = self._slots(h, inp, None, state)
+    new = {"pos": state["pos"] + tokens_BT.shape[1], "prev": tokens_BT[:, -1], "depth": depth, "rosa": rosa,
+           "slots": slots}
+    return new, self._logits(h, pointer)
+
+  def step(self, state: dict, tokens_B: jax.Array) -> tuple:
+    """One token per row: ``(state, tokens [B]) -> (state, logits [B, vocab_size])``."""
+    state, logits = self.scan(state, tokens_B[:, None])
+    return state, logits[:, 0]
+
+  # ------------------------------------------------------------------------------------
+  def _prev_ids(self, inp: _Inputs, state: dict):
+    """``x_{t−1}`` of each token of a piece, the row's last token before it from ``state`` (-1: none)."""
+    return jnp.concatenate([state["prev"][:, None], inp.ids[:, :-1]], axis=1)
+
+  def _embed(self, inp: _Inputs, state=None):
+    """``h⁰`` and the ROSA stream's new state (None unless decoding with ``rosa="automaton"``); ``state``:
+    the decoding state the tokens continue from (None: the whole sequence from its start)."""
     cfg = self.cfg
     T = inp.ids.shape[1]
     h = e = inp.rows(self.embed.embedding[...])
     if self.pos is not None:
-      h = h + self.pos[...][None, :T]
+      if state is None:
+        h = h + self.pos[...][None, :T]
+      else:
+        pos_BT = state["pos"][:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+        h = h + jnp.take(self.pos[...], jnp.minimum(pos_BT, cfg.max_len - 1), axis=0)
+    rosa = None
     if self.rosa_embed is not None:
       table = self.rosa_embed.embedding[...]
       if cfg.rosa == "bigram":  # the paper's released code: E_rosa[x_{t−1}]
-        r = inp.prev_rows(table)
+        r = inp.prev_rows(table) if state is None else _take(table, self._prev_ids(inp, state))
       else:  # the token that followed the longest earlier match; -1 (none) gives 0
-        r = _take(table, rosa_kernel.rosa(jax.lax.stop_gradient(inp.ids)))
+        ids = jax.lax.stop_gradient(inp.ids)
+        if state is None:
+          src = rosa_kernel.rosa(ids)
+        else:
+          rosa, src = rosa_kernel.rosa_scan(state["rosa"], ids)
+        r = _take(table, src)
       # the modulation's condition: the ROSA row, or the current token's own embedding (no position)
       c = r if cfg.rosa_modulation == "rosa" else e
       h = h * (1.0 + jnp.tanh(self.rosa_mod(c))) + r
-    return h
+    return h, rosa
 
-  def _depth(self, h, inp: _Inputs, key=None):
-    """The shared block applied ``depth`` times (a ``lax.scan`` over depth steps; ACT when configured)."""
+  def _depth(self, h, inp: _Inputs, key=None, states=None):
+    """The shared block applied ``depth`` times (a ``lax.scan`` over depth steps; ACT when configured):
+    ``(h, ponder, states)``. ``states``: each depth step's block state stacked on axis 0 (decoding; scanned
+    with the steps and returned updated), or None (the whole sequence from zero states; None returned)."""
     cfg = self.cfg
-    graphdef, state = nnx.split(self.block)
+    graphdef, params = nnx.split(self.block)
     steps = self.step_embed[...] if self.step_embed is not None else jnp.zeros((cfg.depth, cfg.d_model))
-    # (step embedding, dropout key) per depth step; no keys without dropout
-    xs = (steps, None if key is None else jax.random.split(key, cfg.depth))
+    # (step embedding, dropout key, block state) per depth step; no keys without dropout
+    xs = (steps, None if key is None else jax.random.split(key, cfg.depth), states)
     deep = None
     if self.deep_embed is not None:
       deep = 1.0 + jax.nn.sigmoid(self.deep_proj(inp.rows(self.deep_embed.embedding[...])))
 
     def step(h, x):
-      s_D, k = x
-      h = nnx.merge(graphdef, state)(h + s_D[None, None], key=k)
-      return h * deep if deep is not None else h
+      s_D, k, st = x
+      block = nnx.merge(graphdef, params)
+      if st is None:
+        h = block(h + s_D[None, None], key=k)
+      else:
+        st, h = block.scan(st, h + s_D[None, None])
+      return (h * deep if deep is not None else h), st
 
     if cfg.carry_state:  # the paper's leak (UniMatrixConfig.carry_state): S_T of step n starts step n + 1
       def leaky(carry, x):
-        (h, S), (s_D, k) = carry, x
-        h, S = nnx.merge(graphdef, state)(h + s_D[None, None], initial_state=S, return_state=True, key=k)
+        (h, S), (s_D, k, _) = carry, x
+        h, S = nnx.merge(graphdef, params)(h + s_D[None, None], initial_state=S, return_state=True, key=k)
         return (h * deep if deep is not None else h, S), None
       B = h.shape[0]
       S0 = jnp.zeros((B, cfg.n_heads, cfg.state_dim, cfg.state_dim), jnp.float32)
       (h, _), _ = jax.lax.scan(leaky, (h, S0), xs)
-      return h, jnp.full(h.shape[:2], float(cfg.depth))
+      return h, jnp.full(h.shape[:2], float(cfg.depth)), None
     if cfg.remat:
       step = jax.checkpoint(step, policy=remat_policy(cfg.remat_policy))
     if self.halt is None:
-      h, _ = jax.lax.scan(lambda c, x: (step(c, x), None), h, xs)
-      return h, jnp.full(h.shape[:2], float(cfg.depth))
+      h, states = jax.lax.scan(step, h, xs)
+      return h, jnp.full(h.shape[:2], float(cfg.depth)), states
     return self._act(step, h, xs)
 
   def _act(self, step, h, xs):
@@ -268,7 +369,8 @@ class UniMatrixLM(nnx.Module):
     all of them) and ``pⁿ = σ(w · hⁿ + b)``; a running position halts at the first ``N`` with
     ``Σ_{n≤N} pⁿ ≥ act_threshold`` (or at the last step) and gets weights ``pⁿ`` for ``n < N``
     and the remainder ``R = 1 − Σ_{n<N} pⁿ`` at ``N``; the output is ``Σ_n wⁿ hⁿ`` and the
-    ponder cost ``N + R``.
+    ponder cost ``N + R``. Every depth step's state thus advances at every position whatever its
+    halting, so decoding runs the same steps (``step`` returns each one's new state).
     """
     cfg = self.cfg
     depth = cfg.depth
@@ -277,7 +379,7 @@ class UniMatrixLM(nnx.Module):
     def body(carry, x):
       h, out, cum, running, ponder = carry
       step_x, n = x
-      h = step(h, step_x)
+      h, st = step(h, step_x)
       p = jax.nn.sigmoid(self.halt(h)[..., 0].astype(jnp.float32))
       last = n == depth - 1
       halts = running & ((cum + p >= cfg.act_threshold) | last)
@@ -286,55 +388,65 @@ class UniMatrixLM(nnx.Module):
       out = out + w[..., None] * h
       ponder = ponder + jnp.where(running, 1.0, 0.0) + jnp.where(halts, remainder, 0.0)
       cum = jnp.where(running & ~halts, cum + p, cum)
-      return (h, out, cum, running & ~halts, ponder), None
+      return (h, out, cum, running & ~halts, ponder), st
 
     init = (h, jnp.zeros_like(h), jnp.zeros(BT), jnp.ones(BT, bool), jnp.zeros(BT))
-    (_, out, _, _, ponder), _ = jax.lax.scan(body, init, (xs, jnp.arange(depth)))
-    return out, ponder
+    (_, out, _, _, ponder), states = jax.lax.scan(body, init, (xs, jnp.arange(depth)))
+    return out, ponder, states
 
-  def _merge_ids(self, inp: _Inputs):
+  def _merge_ids(self, inp: _Inputs, state=None):
     """The key token ``x_{t−1}`` of each write (``vocab_size`` at ``t = 0``, no previous token)."""
     ids = jax.lax.stop_gradient(inp.ids)
+    if state is not None:
+      prev = self._prev_ids(inp, state)
+      return jnp.where(prev < 0, self.cfg.vocab_size, prev)
     return jnp.pad(ids[:, :-1], ((0, 0), (1, 0)), constant_values=self.cfg.vocab_size)
 
-  def _slots(self, h, inp: _Inputs, key=None):
-    """The sparse slot memory over the final states: context under a gate, pointer logits."""
+  def _slots(self, h, inp: _Inputs, key=None, state=None):
+    """The sparse slot memory over the final states: context under a gate, pointer logits, the write gate
+    and the slot memory after the last token; ``state``: the decoding state (None: from an empty memory)."""
     cfg = self.cfg
     table = self.embed.embedding[...]
     z = self.slot_norm(h)
     gate = None if self.write_gate is None else jax.nn.sigmoid(self.write_gate(z)[..., 0])
     if gate is not None and cfg.slot_write_threshold:  # the kernel writes nothing where the gate is 0
       gate = jnp.where(gate > cfg.slot_write_threshold, gate, 0.0)
-    keys = inp.prev_rows(table)
+    keys = inp.prev_rows(table) if state is None else _take(table, self._prev_ids(inp, state))
     query = self.slot_query(z) if cfg.slot_query == "hidden" else keys
-    read = slot_kernel.slot_memory(
+    read, slots = slot_kernel.slot_memory(
         query, keys, inp.rows(table), inp.ids, n_slots=cfg.n_slots,
         top_k=cfg.slot_top_k, threshold=cfg.slot_threshold, temperature=cfg.slot_temperature,
         write_gate_BT=gate, vocab_size=cfg.vocab_size if cfg.pointer else None, cos_scale=cfg.slot_cos_scale,
         strength_update=cfg.slot_strength,
-        merge_ids_BT=self._merge_ids(inp) if cfg.slot_merge == "key_id" else None)
+        merge_ids_BT=self._merge_ids(inp, state) if cfg.slot_merge == "key_id" else None,
+        initial_state=None if state is None else state["slots"], return_state=True)
     h = h + jax.nn.sigmoid(self.slot_gate(z)) * _dropout(self.drop, self.slot_out(read.context), key, 0)
     pointer = None
     if self.pointer_gate is not None:
       pointer = jax.nn.softplus(self.pointer_gate(z)) * read.pointer
-    return h, pointer, gate
+    return h, pointer, gate, slots
+
+  def _logits(self, h, pointer):
+    """``Eᵀ LN(h)`` (or the head) plus the fused pointer logits, float32."""
+    z = self.ln_f(h)
+    logits = (self.embed.attend(z) if self.head is None else self.head(z)).astype(jnp.float32)
+    if pointer is not None:
+      logits = logits + pointer.astype(jnp.float32)
+    return logits
 
   def _forward(self, inp: _Inputs, return_aux: bool):
     key = None   # train mode with dropout: one key per call -> embedding, depth steps, slot context
     if self.drop is not None and not self.drop.deterministic:
       key = self.dropout_rng()
     keys = (None,) * 3 if key is None else tuple(jax.random.split(key, 3))
-    h = _dropout(self.drop, self._embed(inp), keys[0], 0)
-    h, ponder = self._depth(h, inp, keys[1])
+    h = _dropout(self.drop, self._embed(inp)[0], keys[0], 0)
+    h, ponder, _ = self._depth(h, inp, keys[1])
     pointer, aux = None, {"ponder": ponder}
     if self.slot_norm is not None:
-      h, pointer, gate = self._slots(h, inp, keys[2])
+      h, pointer, gate, _ = self._slots(h, inp, keys[2])
       if gate is not None:
         aux["slot_write_gate"] = gate
-    z = self.ln_f(h)
-    logits = (self.embed.attend(z) if self.head is None else self.head(z)).astype(jnp.float32)
-    if pointer is not None:
-      logits = logits + pointer.astype(jnp.float32)
+    logits = self._logits(h, pointer)
     return (logits, aux) if return_aux else logits
 
 
