@@ -6,7 +6,9 @@ Any model with the decoding methods ``init_state(batch_size, max_len)``, ``scan(
 :class:`~jaxmem.models.DNCLM` — decodes in two phases inside one compiled program:
 
 1. **prefill**: the first ``P`` tokens of every row (``P`` = the shortest prompt) through the models' parallel /
-   chunked sequence forms (``scan``), once, returning every layer's state;
+   chunked sequence forms (``scan``), once, returning every layer's state — in pieces of
+   :data:`PREFILL_CHUNK` tokens, each from the state the last left, so attention's scores stay
+   ``[chunk, context]`` for long prompts;
 2. **decode**: one ``lax.scan`` over the remaining ``T − P + n`` positions, a ``step`` each. At position ``p``
    row ``b`` feeds its own prompt token while ``p < len_b`` and otherwise the token sampled from its logits,
    so every row reads exactly its own sequence: it equals decoding that row alone.
@@ -112,18 +114,43 @@ def filter_logits(logits_BV: jax.Array, top_k: Optional[int], top_p) -> jax.Arra
   return logits_BV
 
 
+PREFILL_CHUNK = 512   # prompt tokens per prefill call: bounds attention's [chunk, context] scores
+
+
+def prefill(model, graphdef, params, state, tokens_BP, chunk: int):
+  """``model.scan`` over the prompt in pieces of ``chunk`` tokens (a ``lax.scan`` over the whole pieces, then
+  the rest), each from the state the previous left: ``(state, logits of the last token [B, V])``. Equal to one
+  ``scan`` of the whole prompt up to float32 rounding; a softmax layer's scores are ``[chunk, context]`` per
+  head instead of ``[P, context]``."""
+  B, P = tokens_BP.shape
+  if P <= chunk:
+    state, logits = model.scan(state, tokens_BP)
+    return state, logits[:, -1]
+  whole = P // chunk
+  pieces = jnp.moveaxis(tokens_BP[:, :whole * chunk].reshape(B, whole, chunk), 1, 0)
+
+  def body(state, piece):
+    state, logits = nnx.merge(graphdef, params, copy=True).scan(state, piece)
+    return state, logits[:, -1]
+
+  state, lasts = jax.lax.scan(body, state, pieces)
+  if whole * chunk == P:
+    return state, lasts[-1]
+  state, logits = model.scan(state, tokens_BP[:, whole * chunk:])
+  return state, logits[:, -1]
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "P", "n", "greedy", "top_k", "use_top_p",
-                                             "return_logits"))
+                                             "return_logits", "prefill_chunk"))
 def decode_program(graphdef, params, prompt, lengths, temperature, top_p, key, *, P, n, greedy, top_k,
-                   use_top_p, return_logits):
+                   use_top_p, return_logits, prefill_chunk=PREFILL_CHUNK):
   """The compiled program behind :func:`generate` (one per set of static arguments; its ``_cache_size()``
   counts them): prefill then the decode ``lax.scan``; returns ``(tokens [B, T + n], logits [B, n, V] or
   None)``."""
   model = nnx.merge(graphdef, params)
   B, T = prompt.shape
   state = model.init_state(B, T + n)
-  state, logits = model.scan(state, prompt[:, :P])
-  last = logits[:, -1]
+  state, last = prefill(model, graphdef, params, state, prompt[:, :P], prefill_chunk)
   positions = jnp.arange(P, T + n, dtype=jnp.int32)
 
   def body(carry, p):
@@ -182,8 +209,9 @@ def generate(model: nnx.Module, prompt_BT, max_new_tokens: int, *, temperature: 
   out, logits = decode_program(graphdef, params, jnp.asarray(prompt), jnp.asarray(lengths),
                           jnp.float32(temperature if not greedy else 1.0), jnp.float32(top_p or 1.0),
                           jax.random.key(seed), P=int(lengths.min()), n=int(max_new_tokens), greedy=greedy,
-                          top_k=top_k, use_top_p=top_p is not None, return_logits=return_logits)
+                          top_k=top_k, use_top_p=top_p is not None, return_logits=return_logits,
+                          prefill_chunk=PREFILL_CHUNK)
   return (out, logits) if return_logits else out
 
 
-__all__ = ["decode_program", "filter_logits", "generate"]
+__all__ = ["PREFILL_CHUNK", "decode_program", "filter_logits", "generate", "prefill"]

@@ -225,7 +225,7 @@ def test_bench_rasp_quick_prints_ratio(capsys, monkeypatch):
 @pytest.mark.slow
 def test_bench_decode_prints_times_state_sizes_and_ratios(capsys, monkeypatch):
   """The table's arithmetic, from a timer that runs each timed program once (so every program is compiled and
-  run) and returns fixed times: prefill 10 ms, then 3 ms (softmax) or 1.5 ms (gated delta) per new token."""
+  run) and returns fixed times: prefill 10 ms, then n decode steps of 3 ms (softmax) or 1.5 ms (gated delta)."""
   import jaxmem.bench.decode as bench_decode
   n = 2
   monkeypatch.setattr(bench_decode, "QUICK", dict(contexts=(8, 24), batches=(2,), n=n, d_model=16, n_layers=1,
@@ -235,9 +235,9 @@ def test_bench_decode_prints_times_state_sizes_and_ratios(capsys, monkeypatch):
   def fixed_time(fn, repeats=5, warmup=1):
     fn()
     calls.append(fn)
-    i = len(calls) - 1   # per context and batch: softmax (prefill, generate), then gated delta (same)
+    i = len(calls) - 1   # per context and batch: softmax (prefill, decode), then gated delta (same)
     step = 0.003 if (i // 2) % 2 == 0 else 0.0015
-    return 0.010 if i % 2 == 0 else 0.010 + n * step
+    return 0.010 if i % 2 == 0 else n * step
 
   monkeypatch.setattr(bench_decode, "time_host", fixed_time)
   assert main(["bench", "decode", "--quick", "--repeats", "1"]) == 0

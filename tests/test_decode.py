@@ -52,20 +52,24 @@ def _decodes(model) -> bool:
   return not hasattr(model, "decodes") or model.decodes()
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_greedy_logits_equal_a_full_rerun_and_choose_the_tokens(case):
+@pytest.mark.parametrize("case", list(CASES) + ["pattern_softmax_assoc/prefill_in_pieces"])
+def test_greedy_logits_equal_a_full_rerun_and_choose_the_tokens(case, monkeypatch):
+  lengths = LENGTHS
+  if case.endswith("/prefill_in_pieces"):   # the shortest prompt (5) as a scan over 2 pieces of 2, then 1
+    monkeypatch.setattr(jaxmem.decode, "PREFILL_CHUNK", 2)
+    case, lengths = case.split("/")[0], [6, 5, 5]
   model = CASES[case]()
   if not _decodes(model):
     with pytest.raises(ValueError, match="no token-by-token decoding"):
       jaxmem.generate(model, PROMPT, N_NEW, temperature=0.0)
     pytest.skip(f"{case}: a mixer without decoding is refused by name")
-  tokens, logits = jaxmem.generate(model, PROMPT, N_NEW, temperature=0.0, prompt_lengths=LENGTHS,
+  tokens, logits = jaxmem.generate(model, PROMPT, N_NEW, temperature=0.0, prompt_lengths=lengths,
                                    return_logits=True)
   tokens, logits = np.asarray(tokens), np.asarray(logits)
   assert tokens.shape == (3, 6 + N_NEW) and logits.shape == (3, N_NEW, V) and logits.dtype == np.float32
   # one causal re-run of the whole output: a row's logits before its trailing zeros are those of the row alone
   full = np.asarray(_full(model, jnp.asarray(tokens)))
-  for b, L in enumerate(LENGTHS):
+  for b, L in enumerate(lengths):
     np.testing.assert_array_equal(tokens[b, :L], PROMPT[b, :L])
     np.testing.assert_array_equal(tokens[b, L + N_NEW:], 0)
     np.testing.assert_array_equal(tokens[b, L:L + N_NEW], np.argmax(logits[b], axis=-1))

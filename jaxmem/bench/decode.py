@@ -1,14 +1,16 @@
 """``jaxmem bench decode``: :func:`jaxmem.generate` of a softmax LM (fixed-size KV cache) against a gated-delta
 LM (a carried matrix state) of the same shape, at several context lengths and batch sizes, in one run.
 
-Per model, context ``C`` and batch ``B``: prefill tokens per second from the median time ``t_p`` of the prefill
-alone (``init_state`` then ``scan`` over the prompt, jitted); decode ms per token ``(t_g − t_p) / n`` with
-``t_g`` the median time of ``generate`` of ``n`` new tokens after the prompt; and the bytes of decoding state
-per sequence (``init_state``'s arrays: the KV cache grows with the context, the memory does not)."""
+Per model, context ``C`` and batch ``B``, ``generate``'s two phases timed apart (medians, compiled first):
+prefill tokens per second (``init_state`` and the prompt through :func:`jaxmem.decode.prefill`, in pieces as
+``generate`` runs it), decode ms per token (``n`` greedy ``step``s in one ``lax.scan`` from the prefilled
+state, divided by ``n``), and the bytes of decoding state per sequence (``init_state``'s arrays: the KV cache
+grows with the context, the memory does not)."""
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -35,8 +37,31 @@ def _state_bytes(model, context: int, n: int) -> int:
   return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(state))
 
 
+def _programs(model, B: int, C: int, n: int):
+  """``generate``'s two phases as separately timed programs: the prefill (:func:`jaxmem.decode.prefill`, in
+  pieces as ``generate`` does) ``params, prompt -> (state, last logits)``, and ``n`` greedy decode steps
+  ``params, state, last -> tokens``."""
+  from jaxmem.decode import PREFILL_CHUNK, prefill
+  graphdef = nnx.graphdef(model)
+
+  @jax.jit
+  def pre(params, prompt):
+    m = nnx.merge(graphdef, params)
+    return prefill(m, graphdef, params, m.init_state(B, C + n), prompt, PREFILL_CHUNK)
+
+  @jax.jit
+  def dec(params, state, last):
+    def body(carry, _):
+      state, last = carry
+      token = jnp.argmax(last, axis=-1).astype(jnp.int32)
+      state, last = nnx.merge(graphdef, params, copy=True).step(state, token)
+      return (state, last), token
+    return jax.lax.scan(body, (state, last), None, length=n)[1]
+
+  return pre, dec
+
+
 def bench_decode(quick: bool = False, repeats: int = 5) -> str:
-  from jaxmem.decode import generate
   s = QUICK if quick else FULL
   n = s["n"]
   models = _models(s["d_model"], s["n_layers"], s["n_heads"])
@@ -45,16 +70,13 @@ def bench_decode(quick: bool = False, repeats: int = 5) -> str:
     for B in s["batches"]:
       prompt = np.random.RandomState(C + B).randint(0, 256, (B, C))
       for name, model in models.items():
-        graphdef, params = nnx.split(model)
-        pre = jax.jit(lambda params, p, graphdef=graphdef: nnx.merge(graphdef, params).scan(
-            nnx.merge(graphdef, params).init_state(B, C + n), p)[1][:, -1])
-        prefill = time_host(lambda params=params, pre=pre: jax.block_until_ready(pre(params, prompt)), repeats)
-        gen = lambda model=model, prompt=prompt: generate(model, prompt, n, temperature=0.0)
-        total = time_host(lambda gen=gen: jax.block_until_ready(gen()), repeats)
-        step = (total - prefill) / n
-        if step <= 0:
-          raise RuntimeError(f"decode bench: {name} at context {C}, batch {B}: generate ({total:.4f} s) timed "
-                             f"faster than its own prefill ({prefill:.4f} s); too noisy a machine to time.")
+        pre, dec = _programs(model, B, C, n)
+        params = nnx.state(model)
+        state, last = pre(params, prompt)
+        prefill = time_host(lambda pre=pre, params=params: jax.block_until_ready(pre(params, prompt)), repeats)
+        decode = time_host(lambda dec=dec, params=params, state=state, last=last:
+                           jax.block_until_ready(dec(params, state, last)), repeats)
+        step = decode / n
         ms[name, C, B] = step * 1e3
         rows.append([name, C, B, f"{step * 1e3:.3g}", f"{B / step:,.0f}", f"{B * C / prefill:,.0f}",
                      f"{_state_bytes(model, C, n) / 2 ** 20:.2f}"])
