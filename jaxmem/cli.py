@@ -34,8 +34,10 @@ def _parser() -> argparse.ArgumentParser:
   s = sub.add_parser("sample", help="sample text from a trained byte LM (jaxmem.generate)")
   s.add_argument("--workdir", required=True, help="a `jaxmem train` run")
   s.add_argument("--prompt", required=True, help="text; its UTF-8 bytes are the prompt")
-  s.add_argument("-n", "--max_new_tokens", type=int, default=200, help="bytes to generate")
-  s.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
+  s.add_argument("-n", "--max_new_tokens", type=int, default=200,
+                 help="bytes to generate (at most what a model's learned positions leave after the prompt)")
+  s.add_argument("--temperature", type=float, default=1.0,
+                 help="0: greedy; applied before --top-k and --top-p")
   s.add_argument("--top-k", "--top_k", dest="top_k", type=int, default=None)
   s.add_argument("--top-p", "--top_p", dest="top_p", type=float, default=None)
   s.add_argument("--seed", type=int, default=0)
@@ -123,7 +125,13 @@ def _dispatch(args, overrides) -> int:
     if not prompt:
       raise ValueError("`--prompt` must not be empty (its bytes start the sequence).")
     model, _, _ = load_trained_lm(args.workdir, args.step)
-    out = generate(model, [list(prompt)], args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+    n = args.max_new_tokens
+    cfg = getattr(model, "cfg", None)
+    if getattr(cfg, "positions", None) == "learned" and len(prompt) < cfg.max_len < len(prompt) + n:
+      n = cfg.max_len - len(prompt)
+      print(f"jaxmem sample: the model's learned positions end at {cfg.max_len}: {n} new bytes, not "
+            f"{args.max_new_tokens}.", file=sys.stderr)
+    out = generate(model, [list(prompt)], n, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed)
     new = bytes(int(t) for t in out[0, len(prompt):])
     sys.stdout.write(args.prompt + new.decode("utf-8", errors="replace") + "\n")

@@ -94,6 +94,7 @@ def _parse_value(raw: str, current: Any, field: str) -> Any:
 def apply_overrides(cfg: ml_collections.ConfigDict, overrides: Sequence[str]) -> ml_collections.ConfigDict:
   """Applies ``a.b=value`` strings (an optional ``--config.`` prefix is stripped)."""
   cfg = ml_collections.ConfigDict(cfg.to_dict())  # never mutate the caller's config
+  done = []   # (field, item) of the overrides applied so far
   for item in overrides:
     text = item[len("--config."):] if item.startswith("--config.") else item
     text = text[len("config."):] if text.startswith("config.") else text
@@ -114,9 +115,15 @@ def apply_overrides(cfg: ml_collections.ConfigDict, overrides: Sequence[str]) ->
     value = _parse_value(raw, node[parts[-1]], field)
     registry = _tag_registry(node, parts[-1])
     if registry is not None and value != node[parts[-1]]:
+      section = ".".join(parts[:-1]) + "."
+      lost = [it for f, it in done if f.startswith(section) and f != field]
+      if lost:
+        raise ValueError(f"`--config.{field}={raw}` resets the whole {section[:-1]!r} section to that one's "
+                         f"defaults, which discards the earlier {', '.join(lost)}; put it before them.")
       _retag(cfg, parts[:-1], registry, value, field)
     else:
       node[parts[-1]] = value
+    done.append((field, item))
   return cfg
 
 

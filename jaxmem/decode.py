@@ -11,7 +11,8 @@ Any model with the decoding methods ``init_state(batch_size, max_len)``, ``scan(
    ``[chunk, context]`` for long prompts;
 2. **decode**: one ``lax.scan`` over the remaining ``T − P + n`` positions, a ``step`` each. At position ``p``
    row ``b`` feeds its own prompt token while ``p < len_b`` and otherwise the token sampled from its logits,
-   so every row reads exactly its own sequence: it equals decoding that row alone.
+   so every row reads exactly its own sequence: its logits (and greedy tokens) equal decoding that row alone;
+   sampled tokens also depend on the row's index (its key is ``(seed, position, row)``).
 
 A softmax layer keeps a fixed-size KV cache of ``T + n`` positions with a length per row, a memory its
 carried state (a matrix state's size does not grow with the context), so no shape changes from step to step.
@@ -22,7 +23,8 @@ follows is ignored), and the output row ``b`` is that prompt, its ``n`` new toke
 
 Compiled once per (model structure, batch, prompt width ``T``, shortest prompt ``P``, ``n``, whether
 ``top_k`` / ``top_p`` / greedy / ``return_logits``): temperature, ``top_p``'s value, the seed and the prompt
-values are arguments of the compiled program, not constants.
+values are arguments of the compiled program, not constants. (Batches whose shortest prompt varies compile
+once per shortest length: pad to a few lengths if that matters.)
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def _check_model(model) -> None:
     check()
 
 
-def _check_args(model, prompt, max_new_tokens, temperature, top_k, top_p, prompt_lengths):
+def _check_args(model, prompt, max_new_tokens, temperature, top_k, top_p, prompt_lengths, seed):
   prompt = np.asarray(prompt)
   if prompt.ndim != 2 or prompt.shape[0] < 1 or prompt.shape[1] < 1:
     raise ValueError(f"`prompt` must be token ids [B, T] with B, T >= 1, got shape {prompt.shape}.")
@@ -57,6 +59,8 @@ def _check_args(model, prompt, max_new_tokens, temperature, top_k, top_p, prompt
   B, T = prompt.shape
   if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
     raise ValueError(f"`max_new_tokens` must be an int >= 1, got {max_new_tokens!r}.")
+  if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    raise ValueError(f"`seed` must be an int, got {seed!r}.")
   if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or \
       not (math.isfinite(temperature) and temperature >= 0):
     raise ValueError(f"`temperature` must be a finite number >= 0 (0: greedy), got {temperature!r}.")
@@ -158,8 +162,13 @@ def decode_program(graphdef, params, prompt, lengths, temperature, top_p, key, *
     if greedy:
       sampled = jnp.argmax(last, axis=-1).astype(jnp.int32)
     else:
-      filtered = filter_logits(last.astype(jnp.float32), top_k, top_p if use_top_p else None)
-      sampled = jax.random.categorical(jax.random.fold_in(key, p), filtered / temperature).astype(jnp.int32)
+      # temperature first, then top-k and top-p (HF's order); the row's maximum subtracted so that no logit
+      # overflows however small the temperature (the most likely token then stays at 0, the rest below)
+      z = last.astype(jnp.float32)
+      z = (z - jnp.max(z, axis=-1, keepdims=True)) / temperature
+      filtered = filter_logits(z, top_k, top_p if use_top_p else None)
+      keys = jax.vmap(lambda b: jax.random.fold_in(jax.random.fold_in(key, p), b))(jnp.arange(B))
+      sampled = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
     forced = jnp.take(prompt, jnp.minimum(p, T - 1), axis=1)
     token = jnp.where(p < lengths, forced, sampled)
     token = jnp.where(p < lengths + n, token, 0)            # after its n new tokens a row reads zeros
@@ -187,9 +196,11 @@ def generate(model: nnx.Module, prompt_BT, max_new_tokens: int, *, temperature: 
     prompt_BT: token ids ``[B, T]``, right-padded when ``prompt_lengths`` is given.
     max_new_tokens: ``n``, new tokens per row.
     temperature: divides the logits before sampling; ``0.0`` is greedy (argmax, no randomness).
-    top_k: sample among the ``k`` most likely tokens only.
-    top_p: sample among the fewest most likely tokens whose probability sums to at least ``top_p``.
-    seed: the sampling key; the same seed gives the same tokens.
+    top_k: sample among the ``k`` most likely tokens only (tokens tied with the ``k``-th stay in).
+    top_p: sample among the fewest most likely tokens whose probability (after ``temperature`` and
+      ``top_k``) sums to at least ``top_p`` (ties broken by token id).
+    seed: the sampling key; the same seed gives the same tokens. Row ``b``'s draws come from the key of
+      ``(seed, position, b)``, so its samples depend on its own sequence and index only.
     prompt_lengths: ``[B]`` prompt lengths (default: all ``T``).
     return_logits: also return the logits that chose each new token.
 
@@ -202,10 +213,11 @@ def generate(model: nnx.Module, prompt_BT, max_new_tokens: int, *, temperature: 
       bad lengths, sizes past a model's learned positions, or bad sampling arguments.
   """
   _check_model(model)
-  prompt, lengths = _check_args(model, prompt_BT, max_new_tokens, temperature, top_k, top_p, prompt_lengths)
+  prompt, lengths = _check_args(model, prompt_BT, max_new_tokens, temperature, top_k, top_p, prompt_lengths,
+                                seed)
   prompt = prompt[:, :int(lengths.max())]      # padding past the longest prompt is never read
   graphdef, params = nnx.split(model)
-  greedy = temperature == 0
+  greedy = np.float32(temperature) == 0   # a temperature that rounds to 0 in float32 is greedy too
   out, logits = decode_program(graphdef, params, jnp.asarray(prompt), jnp.asarray(lengths),
                           jnp.float32(temperature if not greedy else 1.0), jnp.float32(top_p or 1.0),
                           jax.random.key(seed), P=int(lengths.min()), n=int(max_new_tokens), greedy=greedy,

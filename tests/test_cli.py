@@ -49,6 +49,13 @@ def test_train_eval_any_body(body, synthetic_data_dir, tmp_path, capsys):
   if hasattr(model, "init_state") and getattr(model, "decodes", lambda: True)():
     want = jaxmem.generate(model, [list(b"To be")], 7, temperature=0.0)[0, 5:]
     assert rc == 0 and out == "To be" + bytes(int(t) for t in want).decode("utf-8", "replace") + "\n"
+    if getattr(model.cfg, "positions", None) == "learned":   # -n past the learned positions: capped, said so
+      assert main(["sample", "--workdir", wd, "--prompt", "To be", "-n", "100", "--temperature", "0"]) == 0
+      out, err = capsys.readouterr()
+      limit = model.cfg.max_len
+      assert f"learned positions end at {limit}: {limit - 5} new bytes" in err
+      want = jaxmem.generate(model, [list(b"To be")], limit - 5, temperature=0.0)[0, 5:]
+      assert out == "To be" + bytes(int(t) for t in want).decode("utf-8", "replace") + "\n"
   else:
     assert rc == 2 and ("cannot decode" in err or "no token-by-token decoding" in err), err
 

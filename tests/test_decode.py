@@ -92,7 +92,9 @@ def test_sampling_is_deterministic_and_stays_in_the_top_k_and_top_p_sets():
     tokens, logits = np.asarray(tokens), np.asarray(logits, np.float64)
     for b, L in enumerate(LENGTHS):
       for j in range(N_NEW):
-        assert tokens[b, L + j] in _allowed(logits[b, j], top_k, top_p), (top_k, top_p, b, j)
+        # temperature first, then top-k and top-p
+        allowed = _allowed(logits[b, j] / kw["temperature"], top_k, top_p)
+        assert tokens[b, L + j] in allowed, (top_k, top_p, b, j)
   # one compiled program for every seed, temperature and top_p value (they are arguments, not constants)
   from jaxmem.decode import decode_program
   before = decode_program._cache_size()
@@ -103,6 +105,13 @@ def test_sampling_is_deterministic_and_stays_in_the_top_k_and_top_p_sets():
   greedy = jaxmem.generate(model, PROMPT, N_NEW, temperature=0.0, prompt_lengths=LENGTHS)
   top1 = jaxmem.generate(model, PROMPT, N_NEW, top_k=1, seed=3, prompt_lengths=LENGTHS)
   np.testing.assert_array_equal(np.asarray(top1), np.asarray(greedy))
+  # a temperature so small that logits / temperature would overflow (or that rounds to 0 in float32) is greedy
+  for tiny in (1e-38, 1e-46):
+    cold = jaxmem.generate(model, PROMPT, N_NEW, temperature=tiny, seed=5, prompt_lengths=LENGTHS)
+    np.testing.assert_array_equal(np.asarray(cold), np.asarray(greedy))
+  # a row's samples do not depend on the other rows
+  alone = jaxmem.generate(model, PROMPT[:2], N_NEW, seed=7, temperature=1.5, prompt_lengths=LENGTHS[:2])
+  np.testing.assert_array_equal(np.asarray(alone), np.asarray(t1)[:2])
 
 
 def _allowed(logits, top_k, top_p) -> set:
@@ -139,6 +148,7 @@ def test_bad_arguments_are_clear_errors():
       (dict(top_p=0.0), "top_p"),
       (dict(prompt_lengths=[6, 0, 4]), "prompt_lengths"),
       (dict(prompt_lengths=[6, 2]), "prompt_lengths"),
+      (dict(seed=1.5), "`seed` must be an int"),
   ]
   for kw, match in cases:
     args = {"prompt_BT": PROMPT, "max_new_tokens": 3, **kw}

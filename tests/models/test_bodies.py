@@ -62,6 +62,12 @@ def test_cli_override_switches_the_body_to_its_defaults():
     config_files.apply_overrides(base, ["--config.model.body=dnc", "--config.model.d_ff=16"])
   with pytest.raises(ValueError, match="unknown model body 'nonesuch'; registered"):
     config_files.apply_overrides(base, ["--config.model.body=nonesuch"])
+  # a switch after an override of the same section would silently drop it: refused, naming it
+  with pytest.raises(ValueError, match="discards the earlier --config.model.d_model=96; put it before them"):
+    config_files.apply_overrides(base, ["--config.model.d_model=96", "--config.model.body=unimatrix"])
+  with pytest.raises(ValueError, match="discards the earlier --config.model.mixer.chunk_size=8"):
+    config_files.apply_overrides(base, ["--config.model.mixer.name=assoc", "--config.model.mixer.chunk_size=8",
+                                        "--config.model.mixer.name=softmax"])
 
 
 def test_lm_config_refuses_models_that_are_not_byte_lms():
