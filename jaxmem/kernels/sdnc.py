@@ -202,17 +202,7 @@ def hybrid_head(q_TD, k_TD, v_TE, write_TL, erase_TL, modes_T3, *, scale):
     logits = logits + segsum(_log_sigmoid(erase_TL), fill=0.0)
   causal = jnp.tril(jnp.ones((T, T), bool))
   w = jax.nn.softmax(jnp.where(causal, logits, MASK_VALUE), axis=-1)
-  v = v_TE.astype(acc)
-  out = w @ v
-  if modes_T3 is not None:
-    pi = jax.nn.softmax(modes_T3.astype(acc), axis=-1)
-    zero = jnp.zeros_like(v[:1])
-    v_next = jnp.concatenate([v[1:], zero])    # V[s+1]; never read at s = t (masked below)
-    v_prev = jnp.concatenate([zero, v[:-1]])   # V[s-1]; slot 0 has no predecessor
-    strict = jnp.tril(jnp.ones((T, T), bool), -1)
-    forward = jnp.where(strict, w, 0.0) @ v_next
-    backward = w @ v_prev
-    out = pi[:, 0:1] * backward + pi[:, 1:2] * out + pi[:, 2:3] * forward
+  out = _read_with_links(w, v_TE.astype(acc), modes_T3, jnp.tril(jnp.ones((T, T), bool), -1))
   return out.astype(v_TE.dtype)
 
 
@@ -260,6 +250,22 @@ def _check_hybrid(q, k, v, write_gate, erase_gate, read_modes, scale) -> float:
     if x is not None and tuple(x.shape) != (B, T, H) + extra:
       raise ValueError(f"`{name}` must have shape {[B, T, H, *extra]}, got {list(x.shape)}.")
   return D ** -0.5 if scale is None else check_finite_number("scale", scale)
+
+
+def _read_with_links(w_TS, v_SE, modes_T3, before_query_TS):
+  """The content read ``w @ V``, or with read modes ``π`` the mix ``π_0 · (w @ V[s−1]) + π_1 · (w @ V) +
+  π_2 · (w' @ V[s+1])`` of the backward, content and forward link reads, ``w'`` being ``w`` on the slots before
+  the query's own (``before_query_TS``; the forward link from the query's slot is not written yet)."""
+  out = w_TS @ v_SE
+  if modes_T3 is None:
+    return out
+  pi = jax.nn.softmax(modes_T3.astype(v_SE.dtype), axis=-1)
+  zero = jnp.zeros_like(v_SE[:1])
+  v_next = jnp.concatenate([v_SE[1:], zero])    # V[s+1]; read only before the query's slot
+  v_prev = jnp.concatenate([zero, v_SE[:-1]])   # V[s-1]; slot 0 has no predecessor
+  forward = jnp.where(before_query_TS, w_TS, 0.0) @ v_next
+  backward = w_TS @ v_prev
+  return pi[:, 0:1] * backward + pi[:, 1:2] * out + pi[:, 2:3] * forward
 
 
 def _hybrid_apply(head_fn, q, k, v, write_gate, erase_gate, read_modes, scale):
@@ -342,16 +348,7 @@ def hybrid_cache_head(K_SD, V_SE, P_S, length, q_TD, erase_TL, modes_T3, *, scal
       P_new = P_S + decay_TS[-1].astype(P_S.dtype)
   visible = s_idx[None, :] <= position_T[:, None]
   w = jax.nn.softmax(jnp.where(visible, logits, MASK_VALUE), axis=-1)
-  v = V_SE.astype(acc)
-  out = w @ v
-  if modes_T3 is not None:
-    pi = jax.nn.softmax(modes_T3.astype(acc), axis=-1)
-    zero = jnp.zeros_like(v[:1])
-    v_next = jnp.concatenate([v[1:], zero])    # V[s+1]; read only for s < the query's own slot
-    v_prev = jnp.concatenate([zero, v[:-1]])   # V[s-1]; slot 0 has no predecessor
-    forward = jnp.where(s_idx[None, :] < position_T[:, None], w, 0.0) @ v_next
-    backward = w @ v_prev
-    out = pi[:, 0:1] * backward + pi[:, 1:2] * out + pi[:, 2:3] * forward
+  out = _read_with_links(w, V_SE.astype(acc), modes_T3, s_idx[None, :] < position_T[:, None])
   return out, P_new
 
 

@@ -138,13 +138,13 @@ class DNCLMConfig(bodies.BodyConfig):
   body: str = dataclasses.field(default="dnc", init=False)
   vocab_size: int = 256
   d_embed: int = 64
-  memory_size: int = 64
-  word_size: int = 32
-  num_reads: int = 4
-  hidden_size: int = 128
-  controller: str = "lstm"
-  clip_value: float = 20.0
-  remat: bool = True
+  memory_size: int = DNCConfig.memory_size   # the memory's and controller's defaults are DNCConfig's
+  word_size: int = DNCConfig.word_size
+  num_reads: int = DNCConfig.num_reads
+  hidden_size: int = DNCConfig.hidden_size
+  controller: str = DNCConfig.controller
+  clip_value: float = DNCConfig.clip_value
+  remat: bool = DNCConfig.remat
 
   def __post_init__(self):
     check_config_ints(self, ("vocab_size", "d_embed"))

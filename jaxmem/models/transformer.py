@@ -269,17 +269,21 @@ class TransformerLM(nnx.Module):
 
   # -- decoding: init_state / scan / step (jaxmem.generate builds on these) ----------------------------------
 
+  def _without_decoding(self) -> list:
+    """The names of the model's mixers (each layer's, and one in the ffn slot) without init_state / step /
+    scan."""
+    cfgs = list(self.cfg.pattern) + ([self.cfg.ffn] if isinstance(self.cfg.ffn, MixerConfig) else [])
+    module = lambda c: mixers.lookup(c.name)[1]
+    return sorted({c.name for c in cfgs if not (module(c).decodes() and module(c).scans())})
+
   def decodes(self) -> bool:
     """Whether every mixer of the model (each layer's, and one in the ffn slot) can decode token by token."""
-    cfgs = list(self.cfg.pattern) + ([self.cfg.ffn] if isinstance(self.cfg.ffn, MixerConfig) else [])
-    return all(mixers.lookup(c.name)[1].decodes() and mixers.lookup(c.name)[1].scans() for c in cfgs)
+    return not self._without_decoding()
 
   def _check_decodes(self) -> None:
     if self.cfg.input_dim:
       raise ValueError("decoding needs token inputs (TransformerConfig.input_dim=0).")
-    cfgs = list(self.cfg.pattern) + ([self.cfg.ffn] if isinstance(self.cfg.ffn, MixerConfig) else [])
-    missing = sorted({c.name for c in cfgs if not (mixers.lookup(c.name)[1].decodes()
-                                                    and mixers.lookup(c.name)[1].scans())})
+    missing = self._without_decoding()
     if missing:
       raise ValueError(f"mixer(s) {missing} of this model have no token-by-token decoding (init_state / step / "
                        f"scan); the mixers that decode: "
