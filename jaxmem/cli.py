@@ -156,7 +156,10 @@ def _dispatch(args, overrides) -> int:
 
   if args.command == "bench":
     from jaxmem.bench import run_benches
-    print(run_benches(args.names, quick=args.quick, repeats=args.repeats))
+    # each table is printed as soon as it is measured: a later failure or Ctrl-C keeps the earlier ones
+    run_benches(args.names, quick=args.quick, repeats=args.repeats,
+                emit=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    print()
     return 0
   raise AssertionError(args.command)
 

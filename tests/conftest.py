@@ -48,6 +48,16 @@ if _compilation_cache_dir():   # in case jax was imported before this file (the 
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Frees each test module's compiled programs when it ends (``jax.clear_caches``). A worker process runs
+  hundreds of modules, and every executable XLA:CPU keeps holds a few memory mappings: past the kernel's
+  ``vm.max_map_count`` (65,530 by default) the next compilation crashes the worker (a segfault or an abort
+  inside XLA). Programs shared between modules come back from the persistent compilation cache."""
+  yield
+  jax.clear_caches()
+
 pytest_plugins = ["tests.compile_report"]
 
 

@@ -18,6 +18,8 @@ they are computed.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -62,10 +64,16 @@ def _block_matmul_gflops(repeats: int, blocks: int = 1024, n: int = 64) -> float
   return 2 * blocks * n ** 3 / time_call(jax.jit(jnp.matmul), a, b, repeats=repeats) / 1e9
 
 
-def bench_assoc(quick: bool = False, repeats: int = 5) -> str:
-  """Delta-rule associative memory: chunked vs recurrent vs softmax attention vs matmul."""
+def bench_assoc(quick: bool = False, repeats: int = 5, emit: Callable[[str], None] | None = None) -> str:
+  """Delta-rule associative memory: chunked vs recurrent vs softmax attention vs matmul.
+
+  ``emit``, if given, is called with each table's text as soon as that table is computed (so a later
+  failure or interrupt loses nothing printed); the pieces concatenate to the returned section.
+  """
   from jaxmem.kernels.assoc import associative_memory
   from jaxmem.kernels.attention import softmax_attention
+
+  emit = emit or (lambda text: None)
 
   B, H, D, C = 1, 8, 64, 64
   # 2100: not a multiple of the chunk (33 chunks; padded to 2112, not to whole groups)
@@ -105,17 +113,8 @@ def bench_assoc(quick: bool = False, repeats: int = 5) -> str:
           "softmax attn fwd ms", "softmax / chunked fwd", "chunked fwd GFLOP/s", "of matmul",
           "of 64³ block matmul"]
 
-  T = lengths[-1]
-  x = random_inputs(B, T, H, D)
-  chunk_rows = []
-  for c in (32, 64, 128):
-    t_f = time_call(fwd("chunked", c), *x, repeats=repeats)
-    t_g = time_call(fwd_bwd("chunked", c), *x, repeats=repeats)
-    chunk_rows.append([c, f"{t_f * 1e3:.1f}", f"{t_g * 1e3:.1f}",
-                       f"{chunked_delta_flops(T, H, D, D, c, B) / t_f / 1e9:.1f}"])
-
   platform = jax.devices()[0].platform
-  return (
+  main = (
       f"### assoc: delta rule, B={B}, H={H}, D_k=D_v={D}, chunk {C}, float32, {platform}\n\n"
       + markdown_table(head, rows)
       + f"\n\nRatios > 1 mean chunked is faster. In the same run `jnp.dot` 1024×1024 ran at "
@@ -125,18 +124,32 @@ def bench_assoc(quick: bool = False, repeats: int = 5) -> str:
       f"GFLOP/s ({100 * bmm_group / mm:.0f}%). \"of matmul\" is the chunked forward's rate as a "
       f"fraction of the `jnp.dot` (the headline), \"of 64³ block matmul\" (context only) as a "
       f"fraction of the 32-block one. Chunked FLOPs count every matmul it performs "
-      f"(`chunked_delta_flops`).\n\n"
-      f"Chunk size at T={T}:\n\n"
-      + markdown_table(["chunk", "fwd ms", "fwd+bwd ms", "fwd GFLOP/s"], chunk_rows)
-      + "\n\n" + _versus_fla(lengths, B, H, D, chk_f, chk_g, repeats)
-  )
+      f"(`chunked_delta_flops`).\n\n")
+  emit(main)
+
+  T = lengths[-1]
+  x = random_inputs(B, T, H, D)
+  chunk_rows = []
+  for c in (32, 64, 128):
+    t_f = time_call(fwd("chunked", c), *x, repeats=repeats)
+    t_g = time_call(fwd_bwd("chunked", c), *x, repeats=repeats)
+    chunk_rows.append([c, f"{t_f * 1e3:.1f}", f"{t_g * 1e3:.1f}",
+                       f"{chunked_delta_flops(T, H, D, D, c, B) / t_f / 1e9:.1f}"])
+
+  chunks = (f"Chunk size at T={T}:\n\n"
+            + markdown_table(["chunk", "fwd ms", "fwd+bwd ms", "fwd GFLOP/s"], chunk_rows) + "\n\n")
+  emit(chunks)
+  versus = _versus_fla(lengths, B, H, D, chk_f, chk_g, repeats)
+  emit(versus)
+  return main + chunks + versus
 
 
-def load_fla_naive():
-  """fla-core's PyTorch reference ``fla/ops/delta_rule/naive.py``, loaded by file path.
+def load_fla_naive(family: str = "delta_rule"):
+  """fla-core's PyTorch reference ``fla/ops/<family>/naive.py`` (e.g. ``"gated_delta_rule"``), loaded by file
+  path.
 
-  Importing ``fla`` itself needs Triton (absent on CPU machines); the naive module only
-  needs torch and einops, so it is loaded on its own. None when fla-core / torch are
+  Importing ``fla`` itself needs Triton (absent on CPU machines); the naive modules only
+  need torch and einops, so each is loaded on its own. None when fla-core / torch are
   not installed (``pip install -e '.[bench]'``).
   """
   import importlib.util
@@ -148,10 +161,10 @@ def load_fla_naive():
   if spec is None or not spec.submodule_search_locations:
     return None
   import pathlib
-  path = pathlib.Path(spec.submodule_search_locations[0]) / "ops" / "delta_rule" / "naive.py"
+  path = pathlib.Path(spec.submodule_search_locations[0]) / "ops" / family / "naive.py"
   if not path.is_file():
     return None
-  module_spec = importlib.util.spec_from_file_location("fla_delta_rule_naive", path)
+  module_spec = importlib.util.spec_from_file_location(f"fla_{family}_naive", path)
   module = importlib.util.module_from_spec(module_spec)
   try:
     module_spec.loader.exec_module(module)
@@ -160,8 +173,45 @@ def load_fla_naive():
   return module
 
 
+# fla-core's naive chunkwise form works on whole chunks of this many rows
+FLA_CHUNK = 64
+
+
+def fla_naive_chunkwise(naive, q, k, v, beta, chunk_size: int = FLA_CHUNK):
+  """fla-core's naive ``delta_rule_chunkwise`` at any length: ``(o [b, h, T, d_v], S)``.
+
+  ``q, k, v`` are torch tensors ``[b, h, T, d]`` and ``beta`` ``[b, h, T]`` (fla's layout). The naive
+  chunkwise form needs ``T`` to be a multiple of ``chunk_size``; otherwise the inputs are zero-padded at
+  the end to the next multiple (inside the call, so gradients reach the unpadded tensors) and the output is
+  cut back to ``T``. The first ``T`` outputs are unchanged because the form is causal, and the final state
+  ``S`` too: a padded step has ``k = 0`` and ``beta = 0``, so it writes nothing.
+  """
+  if chunk_size < 1:
+    raise ValueError(f"chunk_size must be a positive number of rows, got {chunk_size}.")
+  import torch.nn.functional as F
+
+  T = q.shape[2]
+  pad = -T % chunk_size
+  if pad:
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    beta = F.pad(beta, (0, pad))
+  out = naive.delta_rule_chunkwise(q, k, v, beta, chunk_size=chunk_size)
+  o, S = out if isinstance(out, tuple) else (out, None)
+  return o[:, :, :T], S
+
+
+def _peer_error(e: Exception) -> str:
+  """One table cell naming a peer's exception (no newlines or pipes, which would break the table)."""
+  text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+  text = " ".join(text.split()).replace("|", "/")
+  return text if len(text) <= 120 else text[:117] + "..."
+
+
 def _versus_fla(lengths, B, H, D, chk_f, chk_g, repeats) -> str:
-  """jaxmem chunked delta vs fla-core's naive chunked delta (PyTorch, CPU), same sizes."""
+  """jaxmem chunked delta vs fla-core's naive chunked delta (PyTorch, CPU), same sizes.
+
+  A failure of fla's side in one row becomes that row's note; the other rows still run.
+  """
   import numpy as np
 
   from jaxmem.bench.timing import time_host
@@ -174,32 +224,43 @@ def _versus_fla(lengths, B, H, D, chk_f, chk_g, repeats) -> str:
 
   timed = lambda fn: time_host(fn, repeats)
 
-  rows = []
-  for T in lengths:
-    q, k, v, beta = random_inputs(B, T, H, D)
+  def fla_row(x, ours):
+    """fla's forward ms, forward+backward ms and max |Δ output| against ``ours`` at these inputs."""
+    q, k, v, beta = x
     # fla layout [b, h, l, d]; its naive form scales q by d^-1/2, so pass q·sqrt(d) for equal outputs
-    tq, tk, tv = (torch.from_numpy(np.asarray(x).transpose(0, 2, 1, 3).copy()) for x in (q, k, v))
+    tq, tk, tv = (torch.from_numpy(np.asarray(a).transpose(0, 2, 1, 3).copy()) for a in (q, k, v))
     tb = torch.from_numpy(np.asarray(beta).transpose(0, 2, 1).copy())
     tq = tq * D ** 0.5
     with torch.no_grad():
-      o_ref = naive.delta_rule_chunkwise(tq, tk, tv, tb, chunk_size=64)
-      o_ref = o_ref[0] if isinstance(o_ref, tuple) else o_ref
-    ours = np.asarray(chk_f(q, k, v, beta)).transpose(0, 2, 1, 3)
-    diff = float(np.max(np.abs(ours - o_ref.numpy())))
-    with torch.no_grad():
-      t_fwd = timed(lambda: naive.delta_rule_chunkwise(tq, tk, tv, tb, chunk_size=64))
-    leaves = [x.clone().requires_grad_(True) for x in (tq, tk, tv, tb)]
+      o_ref, _ = fla_naive_chunkwise(naive, tq, tk, tv, tb)
+      diff = float(np.max(np.abs(ours - o_ref.numpy())))
+      t_fwd = timed(lambda: fla_naive_chunkwise(naive, tq, tk, tv, tb))
+    leaves = [a.clone().requires_grad_(True) for a in (tq, tk, tv, tb)]
 
     def fwd_bwd():
-      out = naive.delta_rule_chunkwise(*leaves, chunk_size=64)
-      out = out[0] if isinstance(out, tuple) else out
-      out.sum().backward()
-    t_bwd = timed(fwd_bwd)
-    x = (q, k, v, beta)
+      fla_naive_chunkwise(naive, *leaves)[0].sum().backward()
+    return t_fwd, timed(fwd_bwd), diff
+
+  rows = []
+  for T in lengths:
+    x = random_inputs(B, T, H, D)
+    ours = np.asarray(chk_f(*x)).transpose(0, 2, 1, 3)
     t_of, t_og = time_call(chk_f, *x, repeats=repeats), time_call(chk_g, *x, repeats=repeats)
+    padded = -(-T // FLA_CHUNK) * FLA_CHUNK
+    try:
+      t_fwd, t_bwd, diff = fla_row(x, ours)
+    except Exception as e:  # noqa: BLE001 - a peer's failure is this row's note, not the end of the run
+      rows.append([T, "—", f"{t_of * 1e3:.1f}", "—", "—", f"{t_og * 1e3:.1f}", "—", "—",
+                   f"fla failed: {_peer_error(e)}"])
+      continue
     rows.append([T, f"{t_fwd * 1e3:.1f}", f"{t_of * 1e3:.1f}", f"{t_fwd / t_of:.2f}×",
-                 f"{t_bwd * 1e3:.1f}", f"{t_og * 1e3:.1f}", f"{t_bwd / t_og:.2f}×", f"{diff:.1e}"])
-  return ("vs fla-core naive chunked delta rule (PyTorch CPU reference, chunk 64), same inputs:\n\n"
+                 f"{t_bwd * 1e3:.1f}", f"{t_og * 1e3:.1f}", f"{t_bwd / t_og:.2f}×", f"{diff:.1e}",
+                 f"fla padded to {padded}" if padded != T else ""])
+  return (f"vs fla-core naive chunked delta rule (PyTorch CPU reference, chunk {FLA_CHUNK}), same inputs. "
+          f"At a T that is not a multiple of {FLA_CHUNK} fla's inputs are zero-padded at the end to the "
+          f"next multiple (k = 0, β = 0: the padded steps write nothing, and the form is causal) and its "
+          f"output cut back to T, so its times include the padded rows (jaxmem's chunked form pads "
+          f"internally too); a failure on fla's side is noted in its row:\n\n"
           + markdown_table(["T", "fla naive fwd ms", "jaxmem chunked fwd ms", "fla / jaxmem fwd",
                             "fla naive fwd+bwd ms", "jaxmem fwd+bwd ms", "fla / jaxmem fwd+bwd",
-                            "max abs Δ output"], rows) + "\n")
+                            "max abs Δ output", "note"], rows) + "\n")

@@ -35,6 +35,9 @@ def reference_loop(q, k, v, beta, decay, rule):
       S = S + b * vt[..., None] * (kt - np.einsum("bhv,bhvk->bhk", vt, S))[..., None, :]
     elif rule == "decay":
       S = g * S + b * vt[..., None] * kt[..., None, :]
+    elif rule == "gated_oja":
+      S = g * S
+      S = S + b * vt[..., None] * (kt - np.einsum("bhv,bhvk->bhk", vt, S))[..., None, :]
     else:
       S = g * S + b * (vt[..., None] - g * Sk) * kt[..., None, :]
     out[:, t] = np.einsum("bhvk,bhk->bhv", S, qt)
@@ -64,7 +67,7 @@ def precision_table(T: int = 2048, D: int = 16, chunk_size: int = 64):
   """Rows ``[rule, mode, err per setting...]`` (max abs error vs the float64 loop)."""
   import jax.numpy as jnp
 
-  from jaxmem.kernels.assoc import DECAY_RULES, RULES, associative_memory
+  from jaxmem.kernels.assoc import DECAY_RULES, OJA_RULES, RULES, associative_memory
   from jaxmem.kernels.precision import emulate_matmul_precision
 
   q, k, v, beta, decay = _inputs(T, D)
@@ -73,7 +76,7 @@ def precision_table(T: int = 2048, D: int = 16, chunk_size: int = 64):
   for rule in RULES:
     d = decay if rule in DECAY_RULES else None
     ref = reference_loop(q, k, v, beta, d, rule)
-    for mode in ("recurrent", "chunked") + (() if rule == "oja" else ("parallel",)):
+    for mode in ("recurrent", "chunked") + (() if rule in OJA_RULES else ("parallel",)):
       errs = []
       for _, precision, platform in SETTINGS:
         def run():

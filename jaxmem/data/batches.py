@@ -40,6 +40,18 @@ class PositionedBatches:
     return batch
 
 
+def check_process_split(batch_size: int, process_index, process_count: int) -> None:
+  """``ValueError`` unless a global batch of ``batch_size`` rows splits over ``process_count`` processes and
+  ``process_index`` is one of them."""
+  check_positive_int("batch_size", batch_size)
+  check_positive_int("process_count", process_count)
+  if batch_size % process_count:
+    raise ValueError(f"`batch_size`={batch_size} is not divisible by `process_count`={process_count}.")
+  if isinstance(process_index, bool) or not isinstance(process_index, (int, np.integer)) \
+      or not 0 <= process_index < process_count:
+    raise ValueError(f"`process_index`={process_index!r} must be an int in [0, {process_count}).")
+
+
 class RandomWindows(PositionedBatches):
   """Random ``(inputs, targets)`` windows of ``seq_len`` bytes; ``targets`` is shifted by 1.
 
@@ -50,13 +62,7 @@ class RandomWindows(PositionedBatches):
   def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int = 0,
                *, process_index: int = 0, process_count: int = 1):
     check_positive_int("seq_len", seq_len)
-    check_positive_int("batch_size", batch_size)
-    check_positive_int("process_count", process_count)
-    if batch_size % process_count:
-      raise ValueError(f"`batch_size`={batch_size} is not divisible by `process_count`={process_count}.")
-    if isinstance(process_index, bool) or not isinstance(process_index, (int, np.integer)) \
-        or not 0 <= process_index < process_count:
-      raise ValueError(f"`process_index`={process_index!r} must be an int in [0, {process_count}).")
+    check_process_split(batch_size, process_index, process_count)
     tokens = np.asarray(tokens)
     if tokens.ndim != 1:
       raise ValueError(f"`tokens` must be 1-D, got shape {tokens.shape}.")

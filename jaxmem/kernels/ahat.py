@@ -53,11 +53,13 @@ import jax.numpy as jnp
 from jaxmem.checks import check_finite_number, check_rank
 from jaxmem.kernels.attention import MASK_VALUE, check_q_offset, check_qkv
 from jaxmem.kernels.precision import matmul_for
+from jaxmem.kernels.segments import check_segment_ids, segment_index
 
 __all__ = ["ahat_attention", "ahat_head", "ahat_weights", "soft_attention", "soft_weights"]
 
 
-def _visible(T: int, S: int, causal: bool, mask_S: Optional[jax.Array], q_offset=None) -> jax.Array:
+def _visible(T: int, S: int, causal: bool, mask_S: Optional[jax.Array], q_offset=None,
+             mask_TS=None) -> jax.Array:
   vis = jnp.ones((T, S), bool)
   if causal and q_offset is not None:
     vis = jnp.arange(S)[None, :] <= jnp.arange(T)[:, None] + q_offset
@@ -65,6 +67,8 @@ def _visible(T: int, S: int, causal: bool, mask_S: Optional[jax.Array], q_offset
     vis = jnp.arange(S)[None, :] <= jnp.arange(T)[:, None]
   if mask_S is not None:
     vis = vis & mask_S[None, :].astype(bool)
+  if mask_TS is not None:
+    vis = vis & mask_TS
   return vis
 
 
@@ -93,15 +97,16 @@ def soft_weights(scores_TS: jax.Array, visible_TS: jax.Array, beta: float) -> ja
 
 
 def ahat_head(q_TD, k_SD, v_SE, *, causal: bool = False, mask_S=None, tol: float = 0.0,
-              beta: Optional[float] = None, precision: Any = "highest", q_offset=None):
+              beta: Optional[float] = None, precision: Any = "highest", q_offset=None, mask_TS=None):
   """One head on ``q [T, D]``, ``k [S, D]``, ``v [S, E]`` → (``[T, E]``, weights ``[T, S]``).
 
   ``beta=None`` is AHAT; a number is the soft limit ``softmax(β·s)``. ``q_offset`` (a scalar int, with
-  ``causal``): query ``t`` sees the keys ``j <= q_offset + t``."""
+  ``causal``): query ``t`` sees the keys ``j <= q_offset + t``. ``mask_TS`` (bools): which keys each query may
+  see besides (packed sequences)."""
   dot = matmul_for(precision)
   acc = jnp.promote_types(jnp.result_type(q_TD, k_SD, v_SE), jnp.float32)
   scores = dot.einsum("td,sd->ts", q_TD.astype(acc), k_SD.astype(acc), preferred_element_type=acc)
-  vis = _visible(q_TD.shape[0], k_SD.shape[0], causal, mask_S, q_offset)
+  vis = _visible(q_TD.shape[0], k_SD.shape[0], causal, mask_S, q_offset, mask_TS)
   if beta is None:
     # Σ_{j∈A} v_j, then one division by |A|: exact for integer values (sums below 2**24),
     # correctly rounded otherwise up to the sum's own rounding — not Σ fl(1/|A|)·v_j
@@ -116,8 +121,13 @@ def ahat_head(q_TD, k_SD, v_SE, *, causal: bool = False, mask_S=None, tol: float
   return out.astype(out_dtype), w
 
 
-def _check(q, k, v, causal, mask_BS, tol, q_offset=None):
+def _check(q, k, v, causal, mask_BS, tol, q_offset=None, segment_ids=None):
   B, T, H, D, S = check_qkv(q, k, v)
+  if segment_ids is not None:
+    if q_offset is not None or T != S:
+      raise ValueError("`segment_ids` marks packed sequences in self-attention (as many queries as keys, no "
+                       "`q_offset`).")
+    check_segment_ids(segment_ids, B, T)
   if q_offset is not None:
     check_q_offset(q_offset, B, causal)
   elif causal and T != S:
@@ -131,8 +141,16 @@ def _check(q, k, v, causal, mask_BS, tol, q_offset=None):
   return B, T, H, D, S
 
 
-def _run(q, k, v, causal, mask_BS, tol, beta, precision, return_weights, q_offset=None):
+def _run(q, k, v, causal, mask_BS, tol, beta, precision, return_weights, q_offset=None, segment_ids=None):
   m = mask_BS if mask_BS is not None else jnp.ones(k.shape[:2], bool)
+  if segment_ids is not None:  # a query sees its own segment's keys; padding (run −1) sees nothing
+    run_BT = segment_index(jnp.asarray(segment_ids, jnp.int32))
+    seg_BTS = (run_BT[:, :, None] == run_BT[:, None, :]) & (run_BT[:, None, :] >= 0)
+    head = lambda qh, kh, vh, m, mt: ahat_head(qh, kh, vh, causal=causal, mask_S=m, tol=tol, beta=beta,
+                                               precision=precision, mask_TS=mt)
+    per_b = jax.vmap(head, in_axes=(1, 1, 1, None, None), out_axes=(1, 0))
+    out, w = jax.vmap(per_b)(q, k, v, m, seg_BTS)
+    return (out, w) if return_weights else out
   if q_offset is not None:
     head = lambda qh, kh, vh, m, o: ahat_head(qh, kh, vh, causal=True, mask_S=m, tol=tol, beta=beta,
                                               precision=precision, q_offset=o)
@@ -149,21 +167,25 @@ def _run(q, k, v, causal, mask_BS, tol, beta, precision, return_weights, q_offse
 
 def ahat_attention(q_BTHD, k_BSHD, v_BSHE, *, causal: bool = False, mask_BS=None,
                    tol: float = 0.0, precision: Any = "highest", return_weights: bool = False,
-                   q_offset=None):
+                   q_offset=None, segment_ids=None):
   """Average hard attention ``[B, T, H, D] × [B, S, H, D] × [B, S, H, E] → [B, T, H, E]``.
 
   Scores are the raw dot products ``q·k`` (no ``1/√D``: scale q if you want it).
   ``return_weights=True`` also returns the attention map ``[B, H, T, S]``. ``q_offset`` (integers ``[B]``,
   with ``causal=True``): query ``t`` of row ``b`` sees the keys ``j <= q_offset[b] + t`` of any ``S`` (a KV
-  cache, :func:`jaxmem.kernels.attention.kv_cache_append`)."""
-  _check(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, tol, q_offset)
-  return _run(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, float(tol), None, precision, return_weights, q_offset)
+  cache, :func:`jaxmem.kernels.attention.kv_cache_append`). ``segment_ids`` (``[B, T]`` integers,
+  self-attention): packed sequences (:mod:`jaxmem.kernels.segments`), a query's argmax set is taken over its
+  own segment's keys; padding (id 0) is seen by none and reads zeros."""
+  _check(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, tol, q_offset, segment_ids)
+  return _run(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, float(tol), None, precision, return_weights, q_offset,
+              segment_ids)
 
 
 def soft_attention(q_BTHD, k_BSHD, v_BSHE, *, beta: float, causal: bool = False, mask_BS=None,
-                   precision: Any = "highest", return_weights: bool = False, q_offset=None):
+                   precision: Any = "highest", return_weights: bool = False, q_offset=None, segment_ids=None):
   """The soft limit of :func:`ahat_attention`: ``softmax(β · q·k)`` over the visible keys (``q_offset`` as
   there)."""
-  _check(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, 0.0, q_offset)
+  _check(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, 0.0, q_offset, segment_ids)
   check_finite_number("beta", beta, positive=True)
-  return _run(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, 0.0, float(beta), precision, return_weights, q_offset)
+  return _run(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, 0.0, float(beta), precision, return_weights, q_offset,
+              segment_ids)

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 
 from jaxmem.checks import check_equal, check_finite_number, check_floating, check_rank
 from jaxmem.kernels.precision import Matmul, matmul_for
+from jaxmem.kernels.segments import check_segment_ids, segment_index
 
 # Large negative *finite* logit for masked slots: exp underflows to exactly 0 while a
 # fully masked row stays finite (uniform weights) instead of becoming NaN.
@@ -60,21 +61,26 @@ def attention_head(
     scale: float,
     dot: Matmul = _PLATFORM_DEFAULT,
     q_offset: Optional[jax.Array] = None,
+    q_pos: Optional[jax.Array] = None,
+    visible_TS: Optional[jax.Array] = None,
 ) -> jax.Array:
   """One head of softmax attention on ``q [T, D]``, ``k [S, D]``, ``v [S, E]`` -> ``[T, E]``.
 
   ``q_offset`` (a scalar int, with ``causal``): query ``t`` is at position ``q_offset + t`` and sees the
-  keys ``s ≤ q_offset + t``."""
+  keys ``s ≤ q_offset + t``. ``q_pos [T]`` (ints): the queries' positions when they are not ``0 .. T − 1``
+  (several query heads of a group stacked as rows). ``visible_TS`` (bools): a further mask (segments)."""
   acc = jnp.promote_types(jnp.result_type(q_TD, k_SD, v_SE), jnp.float32)  # >= float32
   logits_TS = dot.einsum(
       "td,sd->ts", q_TD, k_SD, preferred_element_type=acc
   ) * jnp.asarray(scale, acc)
   if causal:
-    t_idx = jnp.arange(q_TD.shape[0])[:, None]
+    t_idx = (jnp.arange(q_TD.shape[0]) if q_pos is None else q_pos)[:, None]
     s_idx = jnp.arange(k_SD.shape[0])[None, :]
     if q_offset is not None:
       t_idx = t_idx + q_offset
     logits_TS = jnp.where(s_idx <= t_idx, logits_TS, MASK_VALUE)
+  if visible_TS is not None:
+    logits_TS = jnp.where(visible_TS, logits_TS, MASK_VALUE)
   weights_TS = jax.nn.softmax(logits_TS, axis=-1)
   out_TE = dot.einsum(
       "ts,se->te", weights_TS, v_SE.astype(acc), preferred_element_type=acc,
@@ -83,16 +89,23 @@ def attention_head(
 
 
 def check_qkv(q, k, v, *, heads: str = "numbers of heads",
-              floating: bool = False) -> tuple[int, int, int, int, int]:
+              floating: bool = False, grouped: bool = False) -> tuple[int, int, int, int, int]:
   """Validates ``q [B, T, H, D]``, ``k [B, S, H, D]``, ``v [B, S, H, E]``; returns (B, T, H, D, S).
 
   ``floating=True`` also requires floating dtypes (:func:`jaxmem.checks.check_floating`), for kernels whose
-  output takes the dtype of ``v`` (an integer ``v`` would truncate the weighted average)."""
+  output takes the dtype of ``v`` (an integer ``v`` would truncate the weighted average). ``grouped=True``
+  lets ``k`` and ``v`` have fewer heads than ``q``, a divisor of them (grouped-query attention)."""
   B, T, H, D = check_rank("q", q, 4, "B, T, H, D")
   Bk, S, Hk, Dk = check_rank("k", k, 4, "B, S, H, D")
   Bv, Sv, Hv, _ = check_rank("v", v, 4, "B, S, H, E")
   check_equal("batch sizes", q=B, k=Bk, v=Bv)
-  check_equal(heads, q=H, k=Hk, v=Hv)
+  if grouped:
+    check_equal(heads, k=Hk, v=Hv)
+    if H % Hk:
+      raise ValueError(f"`k` and `v` have {Hk} heads, which must divide the {H} heads of `q` (grouped-query "
+                       "attention: each key/value head serves H / H_kv query heads).")
+  else:
+    check_equal(heads, q=H, k=Hk, v=Hv)
   check_equal("key widths", q=D, k=Dk)
   check_equal("key/value lengths", k=S, v=Sv)
   if floating:
@@ -109,14 +122,16 @@ def softmax_attention(
     scale: Optional[float] = None,
     precision: Any = None,
     q_offset: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Multi-head softmax attention.
 
   Args:
     q: queries ``[B, T, H, D]``.
-    k: keys ``[B, S, H, D]``; ``S`` may differ from ``T`` only when ``causal=False``
-      (cross-attention) or with ``q_offset`` (a KV cache).
-    v: values ``[B, S, H, E]``; the value width ``E`` may differ from ``D``.
+    k: keys ``[B, S, H_kv, D]``; ``S`` may differ from ``T`` only when ``causal=False``
+      (cross-attention) or with ``q_offset`` (a KV cache). ``H_kv`` divides ``H``: query head ``h`` reads
+      key/value head ``h // (H / H_kv)`` (grouped-query attention; multi-query at ``H_kv = 1``).
+    v: values ``[B, S, H_kv, E]``; the value width ``E`` may differ from ``D``.
     causal: if True, query ``t`` sees keys ``0..t`` only (requires ``S == T`` unless ``q_offset`` is given).
     scale: logit scale; ``1/sqrt(D)`` when None.
     precision: matmul precision (:mod:`jaxmem.kernels.precision`); None: platform default.
@@ -124,6 +139,9 @@ def softmax_attention(
       needs ``causal=True``): query ``t`` of row ``b`` sees the keys ``s ≤ q_offset[b] + t`` of any
       ``S`` (a KV cache, :func:`kv_cache_append`). A query that sees no key (``q_offset[b] + t < 0``)
       has every logit masked: it averages all ``S`` values uniformly, finite as any fully masked row.
+    segment_ids: ``[B, T]`` integers, packed sequences (:mod:`jaxmem.kernels.segments`; self-attention,
+      ``S == T``, no ``q_offset``): a query sees the keys of its own segment only; padding (id 0) is seen by
+      none and its output is 0.
 
   Returns:
     ``[B, T, H, E]`` in the dtype of ``v``.
@@ -134,23 +152,50 @@ def softmax_attention(
       ``[B]``, a non-finite ``scale``, or an unknown ``precision``.
   """
   dot = matmul_for(precision)
-  B, T, _, D, S = check_qkv(q, k, v, floating=True)
+  B, T, H, D, S = check_qkv(q, k, v, floating=True, grouped=True)
+  G = H // k.shape[2]  # query heads per key/value head
+  scale = D ** -0.5 if scale is None else check_finite_number("scale", scale)
   if q_offset is not None:
+    if segment_ids is not None:
+      raise ValueError("`segment_ids` marks packed sequences in self-attention; it does not combine with "
+                       "`q_offset` (a KV cache holds one sequence per row).")
     offset_B = check_q_offset(q_offset, B, causal)
-    scale = D ** -0.5 if scale is None else check_finite_number("scale", scale)
-    head = lambda q_, k_, v_, o_: attention_head(q_, k_, v_, causal=True, scale=scale, dot=dot, q_offset=o_)
-    over_heads = jax.vmap(head, in_axes=(1, 1, 1, None), out_axes=1)
-    return jax.vmap(over_heads)(q, k, v, offset_B)
-  if causal and S != T:
+  elif causal and S != T:
     raise ValueError(
         f"causal attention needs equal query and key lengths, got q length {T} and "
         f"k length {S}; pass causal=False for cross-attention."
     )
-  scale = D ** -0.5 if scale is None else check_finite_number("scale", scale)
+  else:
+    offset_B = None
+  if segment_ids is not None:
+    if S != T:
+      raise ValueError(f"`segment_ids` needs self-attention (equal query and key lengths), got {T} and {S}.")
+    run_BT = segment_index(check_segment_ids(segment_ids, B, T))
+  # each key/value head reads its G query heads as G·T rows (row r is query t = r mod T of the group's head
+  # r // T): no copy of k or v
+  q_pos = jnp.tile(jnp.arange(T), G) if G > 1 else None
 
-  head = lambda q_, k_, v_: attention_head(q_, k_, v_, causal=causal, scale=scale, dot=dot)
-  over_heads = jax.vmap(head, in_axes=1, out_axes=1)  # [T, H, D] -> [T, H, E]
-  return jax.vmap(over_heads)(q, k, v)  # over batch
+  def per_row(q_THD, k_SKD, v_SKE, offset, run_T):
+    visible = None
+    if run_T is not None:
+      run_rows = jnp.tile(run_T, G) if G > 1 else run_T
+      visible = (run_rows[:, None] == run_T[None, :]) & (run_T[None, :] >= 0)
+    q_KRD = jnp.moveaxis(q_THD.reshape(T, k_SKD.shape[1], G, D), 0, 2).reshape(k_SKD.shape[1], G * T, D) \
+        if G > 1 else jnp.moveaxis(q_THD, 1, 0)
+    head = lambda q_, k_, v_: attention_head(q_, k_, v_, causal=causal, scale=scale, dot=dot, q_offset=offset,
+                                             q_pos=q_pos, visible_TS=visible)
+    o_KRE = jax.vmap(head, in_axes=(0, 1, 1))(q_KRD, k_SKD, v_SKE)
+    if G > 1:  # [H_kv, G·T, E] -> [T, H, E] with h = kv·G + g
+      o_KRE = o_KRE.reshape(k_SKD.shape[1], G, T, -1)
+      return jnp.moveaxis(o_KRE, 2, 0).reshape(T, H, -1)
+    return jnp.moveaxis(o_KRE, 0, 1)
+
+  o = jax.vmap(per_row, in_axes=(0, 0, 0, None if offset_B is None else 0,
+                                 None if segment_ids is None else 0))(
+      q, k, v, offset_B, None if segment_ids is None else run_BT)
+  if segment_ids is not None:
+    o = jnp.where((run_BT >= 0)[:, :, None, None], o, jnp.zeros((), o.dtype))
+  return o
 
 
 def check_q_offset(q_offset, batch_size: int, causal: bool = True) -> jax.Array:

@@ -84,6 +84,16 @@ with ``1 − ρ = −expm1(log ρ)`` (accurate as ``ρ → 1``), or ``rho = ρ �
 computed directly and ``log ρ`` as :func:`jaxmem.kernels.assoc.log_of_decay`. ``ρ = 1``
 freezes the state; ``ρ = 0`` makes it ``U_t``; values and gradients are finite at both ends.
 
+Packed sequences (``segment_ids [B, T]``, :mod:`jaxmem.kernels.segments`): the state empties before the
+first token of every segment but a row's first (which continues ``initial_state``), and that token's update
+keeps its own gate, ``S_t = (1 − ρ_t) U_t`` (so a reset is not ``ρ_t = 0``, which would make the write
+weight 1); padding (id 0) leaves the state unchanged and reads 0. Every form does it through the gates,
+with ``β = 1 − ρ`` taken from the given gate first: at a start the decay of the state before it is 0
+(``ρ = 0`` in the recurrent update ``ρ S + β U``, ``log ρ = −inf`` in the chunked forms' decay products
+``Γ, G, E`` only), at padding ``ρ = 1``, ``log ρ = 0``, ``β = 0``, all exact; with spectral normalisation
+the recurrent form also skips padding tokens (the normalisation is not the identity on a state outside the
+unit ball). With per-head gates these are the associative memory's own segment gates for its ``γ = ρ``.
+
 Spectral normalisation (Discovery): ``S ← S / max(1, σ_max(S))`` shrinks the state onto the unit
 spectral-norm ball and leaves it unchanged inside (Miyato, Kataoka, Koyama & Yoshida 2018,
 "Spectral Normalization for Generative Adversarial Networks", arXiv:1802.05957, divide weights by
@@ -112,7 +122,10 @@ float64 loop (its column-by-column update) for Core and Discovery's mix, ``B = 2
 chunks of 4, ``S = 5``, an initial state, gates from near 0 to near 1 and exactly 0 and 1 in some
 channels; gradients of both forms equal and equal to finite differences; :func:`step` == the
 recurrent form == the loop with spectral normalisation; gates equal across channels == the per-head
-gate in both forms; the matmul precision carried by every product.
+gate in both forms; the matmul precision carried by every product. Packed sequences
+(``test_packed_*``): a packed batch (three segments and padding inside one in row 0, leading padding in
+row 1, an initial state) == each segment run alone, values, final states and gradients w.r.t. every input,
+in every mode, per-head and per-channel gates, and with spectral normalisation.
 """
 
 from __future__ import annotations
@@ -137,6 +150,7 @@ from jaxmem.checks import (
 from jaxmem.kernels.assoc import associative_memory, auto_forward_mode, log_of_decay
 from jaxmem.kernels.assoc.common import decay_mask
 from jaxmem.kernels.precision import Matmul, matmul_for
+from jaxmem.kernels.segments import check_segment_ids, segment_starts
 
 MODES = ("auto", "recurrent", "chunked")
 MIX_TERMS = ("outer", "diag", "sym")  # order of the last axis of ``mix``
@@ -221,16 +235,21 @@ def _write(S_BHSS, k_BHS, v_BHS, rho_BH, beta_BH, w_BH3, d_BHS, spectral_norm: b
   return _spectral_normalize(S_BHSS) if spectral_norm else S_BHSS
 
 
-def _recurrent(q, k, v, rho, beta, w, d, S0, *, spectral_norm: bool, dot: Matmul):
-  """``lax.scan`` over tokens of :func:`_write` then the read; ``[B, T, H, ·]`` -> ``(o, S_T)``."""
+def _recurrent(q, k, v, rho, beta, w, d, S0, *, spectral_norm: bool, dot: Matmul, hold=None):
+  """``lax.scan`` over tokens of :func:`_write` then the read; ``[B, T, H, ·]`` -> ``(o, S_T)``.
+
+  ``hold [B, T]`` (booleans, or None): where False the token is skipped and the state passes unchanged
+  (packed sequences' padding under spectral normalisation, which is not the identity on a state outside
+  the unit ball, such as an initial state before leading padding)."""
   time_major = lambda x: None if x is None else jnp.moveaxis(x, 1, 0)
 
   def body(S_BHSS, xs):
-    q_BHS, k_BHS, v_BHS, rho_BH, beta_BH, w_BH3, d_BHS = xs
-    S_BHSS = _write(S_BHSS, k_BHS, v_BHS, rho_BH, beta_BH, w_BH3, d_BHS, spectral_norm)
+    q_BHS, k_BHS, v_BHS, rho_BH, beta_BH, w_BH3, d_BHS, hold_B = xs
+    S_new = _write(S_BHSS, k_BHS, v_BHS, rho_BH, beta_BH, w_BH3, d_BHS, spectral_norm)
+    S_BHSS = S_new if hold_B is None else jnp.where(hold_B[:, None, None, None], S_new, S_BHSS)
     return S_BHSS, dot.einsum("bhij,bhj->bhi", S_BHSS, q_BHS)  # read after write
 
-  xs = tuple(time_major(x) for x in (q, k, v, rho, beta, w, d))
+  xs = tuple(time_major(x) for x in (q, k, v, rho, beta, w, d, hold))
   S_BHSS, o_TBHS = jax.lax.scan(body, S0, xs)
   return jnp.moveaxis(o_TBHS, 0, 1), S_BHSS
 
@@ -271,6 +290,8 @@ def _chunked_channel(q, k, v, beta, logr, w, d, S0, *, chunk_size: int, dot: Mat
   ``c = w_o + w_s/2``, ``c' = w_s/2`` (Core: ``c = 1``, no other term): the vectors ``a_v, a_k, a_d``
   below are its column weights, the pairwise decays ``Γ [C, C, S]`` act on them per channel.
   ``T`` is padded to whole chunks with ``log ρ = 0`` and zero writes, which leave ``S`` unchanged.
+  Packed sequences arrive as gates (:func:`_segment_gates`): ``log ρ = −inf`` at a segment's start in the
+  decays ``Γ, G, E`` (nothing before it reaches it or later tokens) with its ``β`` kept.
   """
   B, T, H, S = q.shape
   X, C = B * H, min(chunk_size, T)
@@ -323,8 +344,25 @@ def _gates(rho, log_rho, acc, shape):
   return r, 1.0 - r, log_of_decay(r)
 
 
+def _segment_gates(segment_ids_BT, rho, beta, logr):
+  """Packed sequences as gates (:mod:`jaxmem.kernels.segments`); returns ``(ρ, β, log ρ, valid [B, T])``.
+
+  At a segment's first token (a row's first segment excepted) the state before it is decayed by 0: ``ρ = 0``
+  and ``log ρ = −inf`` enter the decay products only, while the write keeps the given ``β = 1 − ρ`` (computed
+  before), so ``S_t = 0 · S_{t−1} + β_t U_t`` exactly as a run from the empty state. Padding neither decays
+  nor writes: ``ρ = 1``, ``log ρ = 0``, ``β = 0``. This is the associative memory's own rule for
+  ``segment_ids`` (a decay of 0 at a start with ``β`` kept; padding ``β = 0``, ``log γ = 0``) applied to its
+  ``γ = ρ``, so the per-head chunked form passes these gates to it unchanged.
+  """
+  start_BT, valid_BT = segment_starts(segment_ids_BT)
+  start, valid = (m.reshape(m.shape + (1,) * (rho.ndim - 2)) for m in (start_BT, valid_BT))
+  rho = jnp.where(start, 0.0, jnp.where(valid, rho, 1.0))
+  logr = jnp.where(start, -jnp.inf, jnp.where(valid, logr, 0.0))
+  return rho, jnp.where(valid, beta, 0.0), logr, valid_BT
+
+
 @functools.partial(jax.jit, static_argnames=("mode", "chunk_size", "spectral_norm", "dot"))
-def _forward(q, k, v, rho, log_rho, d, mix, S0, *, mode, chunk_size, spectral_norm, dot):
+def _forward(q, k, v, rho, log_rho, d, mix, S0, segment_ids, *, mode, chunk_size, spectral_norm, dot):
   acc = jnp.promote_types(_acc_dtype(q, k, v), S0.dtype)
   q, k, v, S0 = (x.astype(acc) for x in (q, k, v, S0))
   d = None if d is None else d.astype(acc)
@@ -332,11 +370,21 @@ def _forward(q, k, v, rho, log_rho, d, mix, S0, *, mode, chunk_size, spectral_no
   channel = jnp.ndim(rho if log_rho is None else log_rho) == 4  # else per head: [B, T, H] or a scalar
   rho, beta, logr = _gates(rho, log_rho, acc, (B, T, H, S) if channel else (B, T, H))  # [B, T, H(, S)]
   w_BTH3 = None if mix is None else jnp.broadcast_to(mix.astype(acc), (B, T, H, 3))
+  valid_BT = None
+  if segment_ids is not None:  # packed sequences: resets and padding as gates (_segment_gates)
+    rho, beta, logr, valid_BT = _segment_gates(segment_ids, rho, beta, logr)
   if mode == "recurrent":
-    return _recurrent(q, k, v, rho, beta, w_BTH3, d, S0, spectral_norm=spectral_norm, dot=dot)
-  if mode == "auto":  # (spectral_norm resolved to "recurrent" before)
-    return _auto(auto_forward_mode(), chunk_size, dot, q, k, v, rho, beta, logr, w_BTH3, d, S0)
-  return _chunked(q, k, v, beta, logr, w_BTH3, d, S0, chunk_size=chunk_size, dot=dot)
+    # padding under spectral normalisation is skipped outright: its gates make the update 1 · S + 0 · U,
+    # but S / max(1, σ_max(S)) would still act on a state outside the unit ball
+    o, S_T = _recurrent(q, k, v, rho, beta, w_BTH3, d, S0, spectral_norm=spectral_norm, dot=dot,
+                        hold=valid_BT if spectral_norm else None)
+  elif mode == "auto":  # (spectral_norm resolved to "recurrent" before)
+    o, S_T = _auto(auto_forward_mode(), chunk_size, dot, q, k, v, rho, beta, logr, w_BTH3, d, S0)
+  else:
+    o, S_T = _chunked(q, k, v, beta, logr, w_BTH3, d, S0, chunk_size=chunk_size, dot=dot)
+  if valid_BT is not None:
+    o = jnp.where(valid_BT[:, :, None, None], o, 0.0)  # padding reads 0
+  return o, S_T
 
 
 def _by_mode(mode, chunk_size, dot, q, k, v, rho, beta, logr, w, d, S0):
@@ -449,6 +497,7 @@ def matrix_state(
     initial_state: Optional[jax.Array] = None,
     return_state: bool = False,
     precision: Any = "highest",
+    segment_ids: Optional[jax.Array] = None,
 ):
   """Multi-head UniMatrix state ``S_t = ρ_t S_{t−1} + (1 − ρ_t) U_t``, read ``o_t = S_t q_t``.
 
@@ -472,6 +521,11 @@ def matrix_state(
     initial_state: ``S_0 [B, H, S, S]``; zeros when None.
     return_state: also return the final state ``S_T [B, H, S, S]``.
     precision: matmul precision (:mod:`jaxmem.kernels.precision`).
+    segment_ids: ``[B, T]`` integers, packed sequences (:mod:`jaxmem.kernels.segments`): the state empties
+      before the first token of each segment after a row's first (that token's update keeps its own ``ρ``:
+      ``S_t = (1 − ρ_t) U_t``), and padding (0) leaves the state unchanged and reads 0. ``initial_state``
+      is the state before a row's first segment and the final state the one after its last token. Every
+      mode and gate kind; None (default): one sequence per row.
 
   Returns:
     ``o [B, T, H, S]`` in the dtype of ``v``, and ``S_T`` if ``return_state`` (dtype of
@@ -484,7 +538,8 @@ def matrix_state(
       ``mode="chunked"``; both or neither of ``rho`` / ``log_rho``, wrong shape, or (concrete)
       ``rho`` outside ``[0, 1]`` / ``log_rho > 0``; ``mix`` of the wrong shape or (concrete)
       not a mixture; ``d`` missing when needed, given without ``mix``, or of the wrong shape;
-      ``initial_state`` of the wrong shape.
+      ``initial_state`` of the wrong shape; ``segment_ids`` not ``[B, T]`` integers (or negative, when
+      concrete).
   """
   mode = _resolve_mode(mode, bool(spectral_norm))
   chunk_size = check_positive_int("chunk_size", chunk_size)
@@ -507,12 +562,14 @@ def matrix_state(
     raise ValueError(f"`initial_state` must have shape [B, H, S, S] = {(B, H, S, S)}, "
                      f"got {shape_of(initial_state)}.")
   check_floating(q=q, k=k, v=v, d=d, initial_state=initial_state)
+  if segment_ids is not None:
+    segment_ids = check_segment_ids(segment_ids, B, T)
 
   acc = _acc_dtype(q, k, v)
   if initial_state is not None:
     acc = jnp.promote_types(acc, jnp.result_type(initial_state))
   S0 = jnp.zeros((B, H, S, S), acc) if initial_state is None else jnp.asarray(initial_state)
-  o, S_T = _forward(q, k, v, rho, log_rho, d, mix, S0, mode=mode,
+  o, S_T = _forward(q, k, v, rho, log_rho, d, mix, S0, segment_ids, mode=mode,
                     chunk_size=chunk_size if mode != "recurrent" else None,  # no retrace per chunk_size
                     spectral_norm=bool(spectral_norm), dot=dot)
   o = o.astype(v.dtype)

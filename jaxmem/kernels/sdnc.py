@@ -23,6 +23,13 @@ Decoding: the memory *is* a KV cache (:func:`jaxmem.kernels.attention.kv_cache_i
 same write-then-read steps from a memory that already holds ``length`` slots (the write pointer
 starts there, per row), and returns the memory after the chunk. The hybrids' cached form
 (:func:`sdnc_hybrid_scan`) is below.
+
+Packed sequences: the sequence forms take ``segment_ids [B, T]`` (:mod:`jaxmem.kernels.segments`). Each
+segment has a memory of its own: a query reads only the slots its own segment wrote, and padding (id 0)
+writes no slot and reads 0. In the hybrids the boundary also cuts the temporal links (a segment's first slot
+has no predecessor, its last no successor; padding inside a segment is skipped, so the slots on either side
+of it are neighbours), and padding retains every slot (f = 1), so an erase product covers its own segment's
+steps only.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from jaxmem.kernels.attention import (
   kv_cache_append,
   kv_cache_init,
 )
+from jaxmem.kernels.segments import check_segment_ids, segment_index, segment_starts
 from jaxmem.kernels.segsum import segsum
 
 
@@ -53,8 +61,28 @@ def _content_read(K_SD, V_SE, written_S, q_D, scale):
   return w_S, jnp.einsum("s,se->e", w_S, V_SE.astype(acc))
 
 
-def sdnc_head(q_TD, k_TD, v_TE, *, scale):
-  """One read head over a write-as-you-go memory; returns ``(reads [T, E], weights [T, T])``."""
+def _segments(segment_ids, B: int, T: int):
+  """Per-token segment facts ``[B, T]`` (int32) from ``segment_ids`` (checked here): ``(index, start, prev,
+  next)``: the run number (−1 for padding, :func:`jaxmem.kernels.segments.segment_index`), 1 at the first
+  token of a segment after a row's first (the memory empties there), and the temporal links: the neighbouring
+  non-padding tokens of the same segment (−1 where none: a segment's first / last token, padding)."""
+  ids = check_segment_ids(segment_ids, B, T)
+  index = segment_index(ids)
+  start, valid = segment_starts(ids)
+  t = jnp.arange(T, dtype=jnp.int32)
+  last = jax.lax.cummax(jnp.where(valid, t, -1), axis=1)                # the last valid token at or before t
+  first = jax.lax.cummin(jnp.where(valid, t, T), axis=1, reverse=True)  # the first valid token at or after t
+  prev = jnp.concatenate([jnp.full((B, 1), -1, jnp.int32), last[:, :-1]], axis=1)
+  nxt = jnp.concatenate([first[:, 1:], jnp.full((B, 1), T, jnp.int32)], axis=1)
+  same = lambda j: valid & (j >= 0) & (j < T) & (jnp.take_along_axis(index, jnp.clip(j, 0, T - 1), 1) == index)
+  prev, nxt = jnp.where(same(prev), prev, -1), jnp.where(same(nxt), nxt, -1)
+  return index, start.astype(jnp.int32), prev, nxt
+
+
+def sdnc_head(q_TD, k_TD, v_TE, seg=None, *, scale):
+  """One read head over a write-as-you-go memory; returns ``(reads [T, E], weights [T, T])``. ``seg``: None,
+  or the row's ``(index [T], start [T], ...)`` of :func:`_segments`: the memory empties at a segment's start,
+  padding writes no slot and reads 0 (weights 0)."""
   T, D = k_TD.shape
   E = v_TE.shape[-1]
   memory = (jnp.zeros((T, D), k_TD.dtype), jnp.zeros((T, E), v_TE.dtype), jnp.zeros((T,), bool))
@@ -68,7 +96,19 @@ def sdnc_head(q_TD, k_TD, v_TE, *, scale):
     w, r = _content_read(K, V, written, q_t, scale)
     return (K, V, written), (r, w)
 
-  _, (reads, weights) = jax.lax.scan(step, memory, (jnp.arange(T), q_TD, k_TD, v_TE))
+  def segment_step(mem, inputs):
+    K, V, written = mem
+    (t, q_t, k_t, v_t), valid_t, start_t = inputs
+    written = written & ~start_t   # a new segment starts from an empty memory
+    K, V, written = K.at[t].set(k_t), V.at[t].set(v_t), written.at[t].set(valid_t)   # padding writes nothing
+    w, r = _content_read(K, V, written, q_t, scale)
+    return (K, V, written), (jnp.where(valid_t, r, 0.0), jnp.where(valid_t, w, 0.0))
+
+  xs = (jnp.arange(T), q_TD, k_TD, v_TE)
+  if seg is None:
+    _, (reads, weights) = jax.lax.scan(step, memory, xs)
+  else:
+    _, (reads, weights) = jax.lax.scan(segment_step, memory, (xs, seg[0] >= 0, seg[1] > 0))
   return reads.astype(v_TE.dtype), weights
 
 
@@ -79,21 +119,28 @@ def _check_qkv(q, k, v, same_length: bool) -> int:
   return D
 
 
-def sdnc_attention(q, k, v, *, scale: Optional[float] = None, return_weights: bool = False):
+def sdnc_attention(q, k, v, *, scale: Optional[float] = None, return_weights: bool = False, segment_ids=None):
   """Causal self-attention computed as H read heads of a write-once memory.
 
   Args:
     q, k: ``[B, T, H, D]``; v: ``[B, T, H, E]``.
     scale: content-address temperature, ``1/sqrt(D)`` when None.
     return_weights: also return the read weights ``[B, H, T, T]`` (row t: weights on slots).
+    segment_ids: None, or ``[B, T]`` integers, packed sequences (:mod:`jaxmem.kernels.segments`): a query reads
+      only the slots written by its own segment, and padding (0) writes no slot and reads 0 (weights 0).
 
   Returns:
     read vectors ``[B, T, H, E]`` (and the weights).
   """
   D = _check_qkv(q, k, v, same_length=True)
   scale = D ** -0.5 if scale is None else check_finite_number("scale", scale)
-  head = lambda q_, k_, v_: sdnc_head(q_, k_, v_, scale=scale)
-  reads, weights = jax.vmap(jax.vmap(head, in_axes=1, out_axes=(1, 0)))(q, k, v)
+  if segment_ids is None:
+    head = lambda q_, k_, v_: sdnc_head(q_, k_, v_, scale=scale)
+    reads, weights = jax.vmap(jax.vmap(head, in_axes=1, out_axes=(1, 0)))(q, k, v)
+  else:
+    seg = _segments(segment_ids, q.shape[0], q.shape[1])
+    head = lambda q_, k_, v_, s: sdnc_head(q_, k_, v_, s, scale=scale)
+    reads, weights = jax.vmap(jax.vmap(head, in_axes=(1, 1, 1, None), out_axes=(1, 0)))(q, k, v, seg)
   return (reads, weights) if return_weights else reads
 
 
@@ -184,11 +231,15 @@ def _log_sigmoid(z):
   return jax.nn.log_sigmoid(z.astype(jnp.promote_types(z.dtype, jnp.float32)))
 
 
-def hybrid_head(q_TD, k_TD, v_TE, write_TL, erase_TL, modes_T3, *, scale):
+def hybrid_head(q_TD, k_TD, v_TE, write_TL, erase_TL, modes_T3, seg=None, *, scale):
   """Parallel (masked quadratic) form of the hybrid read for one head.
 
   ``write_TL``/``erase_TL`` are gate logits ``[T]`` or None; ``modes_T3`` read-mode logits
-  ``[T, 3]`` or None.
+  ``[T, 3]`` or None; ``seg`` None or the row's ``(index, start, prev, next)`` ``[T]`` of :func:`_segments`.
+  With segments the boundary enters three terms: the mask (a query sees its own segment's slots, padding
+  none), the erase products (padding retains, f = 1, so a product over a segment's steps skips the padding
+  inside it; products across a boundary reach masked slots only) and the link reads (the linked neighbours
+  ``prev`` / ``next`` replace the shift by one slot, none across a boundary).
   """
   T = q_TD.shape[0]
   acc = jnp.promote_types(jnp.result_type(q_TD, k_TD, v_TE), jnp.float32)
@@ -199,17 +250,30 @@ def hybrid_head(q_TD, k_TD, v_TE, write_TL, erase_TL, modes_T3, *, scale):
     # slot s at step t carries Π_{s<τ≤t} f_τ: the segment sum Σ_{s<τ≤t} log f_τ, summed
     # directly (never F_t − F_s of two cumulative sums, which loses eps·|F| over long
     # sequences and gives −inf − (−inf) for f = 0); 0 above the diagonal (masked below)
-    logits = logits + segsum(_log_sigmoid(erase_TL), fill=0.0)
+    log_f = _log_sigmoid(erase_TL)
+    if seg is not None:
+      log_f = jnp.where(seg[0] >= 0, log_f, 0.0)   # padding erases nothing
+    logits = logits + segsum(log_f, fill=0.0)
   causal = jnp.tril(jnp.ones((T, T), bool))
-  w = jax.nn.softmax(jnp.where(causal, logits, MASK_VALUE), axis=-1)
-  out = _read_with_links(w, v_TE.astype(acc), modes_T3, jnp.tril(jnp.ones((T, T), bool), -1))
-  return out.astype(v_TE.dtype)
+  if seg is None:
+    w = jax.nn.softmax(jnp.where(causal, logits, MASK_VALUE), axis=-1)
+    out = _read_with_links(w, v_TE.astype(acc), modes_T3, jnp.tril(jnp.ones((T, T), bool), -1))
+    return out.astype(v_TE.dtype)
+  index, _, prev, nxt = seg
+  valid = index >= 0
+  visible = causal & (index[:, None] == index[None, :]) & valid[:, None]
+  w = jax.nn.softmax(jnp.where(visible, logits, MASK_VALUE), axis=-1)
+  before_query = visible & jnp.tril(jnp.ones((T, T), bool), -1)
+  out = _read_with_links(w, v_TE.astype(acc), modes_T3, before_query, (prev, nxt))
+  return jnp.where(valid[:, None], out, 0.0).astype(v_TE.dtype)
 
 
-def hybrid_memory_head(q_TD, k_TD, v_TE, write_TL, erase_TL, modes_T3, *, scale):
+def hybrid_memory_head(q_TD, k_TD, v_TE, write_TL, erase_TL, modes_T3, seg=None, *, scale):
   """The same read computed literally as a memory under ``lax.scan``: slot presences,
   erase-then-write, and the DNC temporal link matrix (``kernels.dnc.update_link``) for
   link reads. The executable specification that :func:`hybrid_head` is tested against.
+  With ``seg`` (as in :func:`hybrid_head`) the memory empties at a segment's start (written slots, link
+  matrix, precedence), and a padding step is a write of weight 0: no slot, no erase, no link; it reads 0.
   """
   from jaxmem.kernels.dnc import update_link
 
@@ -237,7 +301,29 @@ def hybrid_memory_head(q_TD, k_TD, v_TE, write_TL, erase_TL, modes_T3, *, scale)
     rw = pi[0] * (link.T @ w) + pi[1] * w + pi[2] * (link @ w)
     return (K, V, log_presence, link, precedence), rw @ V
 
-  _, reads = jax.lax.scan(step, memory, (jnp.arange(T), q_TD, k_TD, v_TE, write, erase, modes))
+  def segment_step(mem, inp):
+    (K, V, log_presence, link, precedence), written = mem
+    (t, q_t, k_t, v_t, lw, le, m), valid_t, start_t = inp
+    # a new segment: an empty memory (no written slot, no link, no precedence)
+    written = written & ~start_t
+    link, precedence = jnp.where(start_t, 0.0, link), jnp.where(start_t, 0.0, precedence)
+    log_presence = log_presence + jnp.where(valid_t, le, 0.0)   # erase (padding retains every slot)
+    K, V = K.at[t].set(k_t.astype(acc)), V.at[t].set(v_t.astype(acc))
+    log_presence = log_presence.at[t].set(lw)
+    written = written.at[t].set(valid_t)
+    # padding writes with weight 0: the link matrix and precedence stay as they are
+    link, precedence = update_link(link, precedence, jax.nn.one_hot(t, T, dtype=acc) * valid_t.astype(acc))
+    logits = K @ q_t.astype(acc) * scale + log_presence
+    w = jax.nn.softmax(jnp.where(written, logits, MASK_VALUE))
+    pi = jax.nn.softmax(m.astype(acc))
+    rw = pi[0] * (link.T @ w) + pi[1] * w + pi[2] * (link @ w)
+    return ((K, V, log_presence, link, precedence), written), jnp.where(valid_t, rw @ V, 0.0)
+
+  xs = (jnp.arange(T), q_TD, k_TD, v_TE, write, erase, modes)
+  if seg is None:
+    _, reads = jax.lax.scan(step, memory, xs)
+  else:
+    _, reads = jax.lax.scan(segment_step, (memory, jnp.zeros((T,), bool)), (xs, seg[0] >= 0, seg[1] > 0))
   return reads.astype(v_TE.dtype)
 
 
@@ -252,36 +338,45 @@ def _check_hybrid(q, k, v, write_gate, erase_gate, read_modes, scale) -> float:
   return D ** -0.5 if scale is None else check_finite_number("scale", scale)
 
 
-def _read_with_links(w_TS, v_SE, modes_T3, before_query_TS):
+def _read_with_links(w_TS, v_SE, modes_T3, before_query_TS, neighbours=None):
   """The content read ``w @ V``, or with read modes ``π`` the mix ``π_0 · (w @ V[s−1]) + π_1 · (w @ V) +
   π_2 · (w' @ V[s+1])`` of the backward, content and forward link reads, ``w'`` being ``w`` on the slots before
-  the query's own (``before_query_TS``; the forward link from the query's slot is not written yet)."""
+  the query's own (``before_query_TS``; the forward link from the query's slot is not written yet).
+  ``neighbours``: None, or ``(prev [S], next [S])``: the linked slots in place of ``s ∓ 1`` (−1: no link, a
+  zero vector)."""
   out = w_TS @ v_SE
   if modes_T3 is None:
     return out
   pi = jax.nn.softmax(modes_T3.astype(v_SE.dtype), axis=-1)
   zero = jnp.zeros_like(v_SE[:1])
-  v_next = jnp.concatenate([v_SE[1:], zero])    # V[s+1]; read only before the query's slot
-  v_prev = jnp.concatenate([zero, v_SE[:-1]])   # V[s-1]; slot 0 has no predecessor
+  if neighbours is None:
+    v_next = jnp.concatenate([v_SE[1:], zero])    # V[s+1]; read only before the query's slot
+    v_prev = jnp.concatenate([zero, v_SE[:-1]])   # V[s-1]; slot 0 has no predecessor
+  else:
+    linked = lambda j: jnp.where((j >= 0)[:, None], jnp.take(v_SE, jnp.maximum(j, 0), axis=0), 0.0)
+    v_prev, v_next = linked(neighbours[0]), linked(neighbours[1])
   forward = jnp.where(before_query_TS, w_TS, 0.0) @ v_next
   backward = w_TS @ v_prev
   return pi[:, 0:1] * backward + pi[:, 1:2] * out + pi[:, 2:3] * forward
 
 
-def _hybrid_apply(head_fn, q, k, v, write_gate, erase_gate, read_modes, scale):
+def _hybrid_apply(head_fn, q, k, v, write_gate, erase_gate, read_modes, scale, segment_ids=None):
   scale = _check_hybrid(q, k, v, write_gate, erase_gate, read_modes, scale)
   args = [q, k, v]
   axes = [1, 1, 1]
   for x in (write_gate, erase_gate, read_modes):
     args.append(x)
     axes.append(None if x is None else 1)
+  if segment_ids is not None:   # per row, shared by the heads
+    args.append(_segments(segment_ids, q.shape[0], q.shape[1]))
+    axes.append(None)
   head = lambda *a: head_fn(*a, scale=scale)
   return jax.vmap(jax.vmap(head, in_axes=tuple(axes), out_axes=1),
                   in_axes=tuple(None if a is None else 0 for a in args))(*args)
 
 
 def sdnc_hybrid_attention(q, k, v, *, write_gate=None, erase_gate=None, read_modes=None,
-                          scale: Optional[float] = None):
+                          scale: Optional[float] = None, segment_ids=None):
   """Causal attention with DNC operations: selective write, erase, temporal-link reads.
 
   Args:
@@ -290,16 +385,20 @@ def sdnc_hybrid_attention(q, k, v, *, write_gate=None, erase_gate=None, read_mod
     erase_gate: retention logits ``[B, T, H]`` (f_t = σ(z) applied to all written slots
       before slot t is written), or None.
     read_modes: read-mode logits ``[B, T, H, 3]`` (backward, content, forward), or None.
+    segment_ids: None, or ``[B, T]`` integers, packed sequences (:mod:`jaxmem.kernels.segments`): each segment
+      reads, erases and links only its own slots, as if run alone; padding (0) writes nothing, erases
+      nothing, is skipped by the links and reads 0.
 
-  With all three None this is exactly ``softmax_attention(q, k, v, causal=True)``.
+  With all four None this is exactly ``softmax_attention(q, k, v, causal=True)``.
   """
-  return _hybrid_apply(hybrid_head, q, k, v, write_gate, erase_gate, read_modes, scale)
+  return _hybrid_apply(hybrid_head, q, k, v, write_gate, erase_gate, read_modes, scale, segment_ids)
 
 
 def sdnc_hybrid_memory(q, k, v, *, write_gate=None, erase_gate=None, read_modes=None,
-                       scale: Optional[float] = None):
-  """:func:`sdnc_hybrid_attention` computed as a literal memory scan (slow; the reference)."""
-  return _hybrid_apply(hybrid_memory_head, q, k, v, write_gate, erase_gate, read_modes, scale)
+                       scale: Optional[float] = None, segment_ids=None):
+  """:func:`sdnc_hybrid_attention` computed as a literal memory scan (slow; the reference); ``segment_ids``
+  as there (the memory empties at each segment's start)."""
+  return _hybrid_apply(hybrid_memory_head, q, k, v, write_gate, erase_gate, read_modes, scale, segment_ids)
 
 
 # -- the hybrids' cached form: a KV cache plus each slot's log presence ----------------------------------

@@ -47,6 +47,7 @@ from jaxmem.checks import check_choice, check_floating, check_positive_int, chec
 from jaxmem.kernels import assoc
 from jaxmem.kernels.assoc import MODES, associative_memory
 from jaxmem.kernels.precision import Matmul, matmul_for
+from jaxmem.kernels.segments import check_segment_ids
 
 # ----------------------------------------------------------------------------------------
 # Checks.
@@ -105,7 +106,7 @@ def _acc(*xs) -> Any:
 
 
 @functools.partial(jax.jit, static_argnames=("mode", "chunk_size", "dot"))
-def _forward(x, dt, A, B, C, D, h0, *, mode: str, chunk_size: int, dot: Matmul):
+def _forward(x, dt, A, B, C, D, h0, segment_ids, *, mode: str, chunk_size: int, dot: Matmul):
   """:func:`ssd` after its checks, in one compiled program."""
   H = x.shape[2]
   acc = _acc(x, dt, A, B, C, D, h0)
@@ -115,9 +116,12 @@ def _forward(x, dt, A, B, C, D, h0, *, mode: str, chunk_size: int, dot: Matmul):
   # precision=dot.precision: associative_memory re-derives the same Matmul at trace time (the jit key holds it)
   y, h = associative_memory(_heads(C.astype(acc), H, 2), _heads(B.astype(acc), H, 2), xs, dts, rule="decay",
                             mode=mode, chunk_size=chunk_size, log_decay=log_decay, initial_state=h0,
-                            return_state=True, precision=dot.precision)
+                            return_state=True, precision=dot.precision, segment_ids=segment_ids)
   if D is not None:
-    y = y + D.astype(acc)[None, None, :, None] * xs
+    skip = D.astype(acc)[None, None, :, None] * xs
+    if segment_ids is not None:  # padding reads 0
+      skip = jnp.where((segment_ids != 0)[:, :, None, None], skip, 0.0)
+    y = y + skip
   return y.astype(x.dtype), h
 
 
@@ -134,6 +138,7 @@ def ssd(
     initial_state: Optional[jax.Array] = None,
     return_state: bool = False,
     precision: Any = "highest",
+    segment_ids: Optional[jax.Array] = None,
 ):
   """Mamba-2's SSD recurrence ``h_t = exp(Δ_t A) h_{t−1} + Δ_t x_t B_tᵀ``, ``y_t = h_t C_t + D x_t`` per head.
 
@@ -149,6 +154,8 @@ def ssd(
     initial_state: ``h_0 [batch, H, P, N]``; zeros when None.
     return_state: also return ``h_T [batch, H, P, N]``.
     precision: matmul precision (:mod:`jaxmem.kernels.precision`).
+    segment_ids: ``[batch, T]`` integers, packed sequences (:mod:`jaxmem.kernels.segments`): the state empties
+      at each segment's first token after a row's first; padding (id 0) writes nothing and reads 0.
 
   Returns:
     ``y [batch, T, H, P]`` in the dtype of ``x``, and ``h_T`` if ``return_state`` (in the dtype of
@@ -182,7 +189,9 @@ def ssd(
     _check_shape("initial_state", initial_state, (nb, H, P, N), "batch, H, P, N")
   check_floating(x=x, dt=dt, A=A, B=B, C=C, D=D, initial_state=initial_state)
   _check_values(A, dt, "A", "dt")
-  y, h = _forward(x, dt, A, B, C, D, initial_state, mode=mode, chunk_size=chunk_size, dot=dot)
+  if segment_ids is not None:
+    segment_ids = check_segment_ids(segment_ids, nb, T)
+  y, h = _forward(x, dt, A, B, C, D, initial_state, segment_ids, mode=mode, chunk_size=chunk_size, dot=dot)
   return (y, h) if return_state else y
 
 

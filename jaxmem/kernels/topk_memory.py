@@ -24,6 +24,10 @@ row's entries at positions ``0 .. S − 1``) and query ``t`` of row ``b`` is the
 those that exist, as the sequence form does at early positions (the rest weigh exactly 0, selected away);
 an empty read is 0.
 
+Packed sequences (``segment_ids [B, T]``, sequence form; :mod:`jaxmem.kernels.segments`): the candidates of
+read ``t`` are the entries ``j < t`` of ``t``'s own segment, so a segment's first token reads 0, as does
+padding (id 0), which is nobody's candidate either.
+
 Tested against a per-token numpy loop in ``tests/kernels/test_topk_memory.py``.
 """
 
@@ -38,10 +42,11 @@ from jaxmem.checks import check_equal, check_finite_number, check_floating, chec
 from jaxmem.kernels.assoc import l2_normalize
 from jaxmem.kernels.attention import check_q_offset
 from jaxmem.kernels.precision import matmul_for
+from jaxmem.kernels.segments import check_segment_ids, segment_index
 
 
 def topk_memory_read(q: jax.Array, k: jax.Array, v: jax.Array, *, top_k: int = 8, temperature: float = 8.0,
-                     precision: Any = "highest", q_offset=None) -> jax.Array:
+                     precision: Any = "highest", q_offset=None, segment_ids=None) -> jax.Array:
   """Top-K cosine read of the append-only memory of earlier tokens (equations in the module docstring).
 
   Args:
@@ -52,6 +57,9 @@ def topk_memory_read(q: jax.Array, k: jax.Array, v: jax.Array, *, top_k: int = 8
     precision: matmul precision (:mod:`jaxmem.kernels.precision`).
     q_offset: None, or integers ``[B]``: the position of each row's first query in ``k, v [B, S, H, *]``,
       a cache of any length ``S``; query ``t`` of row ``b`` reads the entries ``j < q_offset[b] + t``.
+    segment_ids: None, or ``[B, T]`` integers, packed sequences (:mod:`jaxmem.kernels.segments`; sequence form
+      only, not with ``q_offset``): a read keeps the top-K of its own segment's earlier entries; padding (0)
+      reads 0 and is never read.
 
   Returns:
     ``o [B, T, H, D_v]`` in the dtype of ``v`` (computed in float32 at least).
@@ -65,6 +73,8 @@ def topk_memory_read(q: jax.Array, k: jax.Array, v: jax.Array, *, top_k: int = 8
   else:
     check_equal("key/value lengths", k=Tk, v=Tv)
     offset_B = check_q_offset(q_offset, B)
+    if segment_ids is not None:
+      raise ValueError("`segment_ids` is for the sequence form; the cached form (`q_offset`) takes none.")
   check_equal("numbers of heads", q=H, k=Hk, v=Hv)
   check_equal("key widths", q=D, k=Dk)
   check_floating(q=q, k=k, v=v)
@@ -72,6 +82,8 @@ def topk_memory_read(q: jax.Array, k: jax.Array, v: jax.Array, *, top_k: int = 8
   tau = check_finite_number("temperature", temperature, positive=True)
   if T == 0:
     raise ValueError(f"`q` must have at least one time step, got shape {tuple(q.shape)}.")
+  if segment_ids is not None:
+    index_BT = segment_index(check_segment_ids(segment_ids, B, T))
   dot = matmul_for(precision)
   acc = jnp.promote_types(jnp.result_type(q, k, v), jnp.float32)
   qn, kn = l2_normalize(q.astype(acc)), l2_normalize(k.astype(acc))
@@ -81,6 +93,9 @@ def topk_memory_read(q: jax.Array, k: jax.Array, v: jax.Array, *, top_k: int = 8
   else:   # [B, 1, T, S]: j < q_offset + t
     earlier = (offset_B[:, None, None, None] + jnp.arange(T)[None, None, :, None]
                > jnp.arange(Tk)[None, None, None, :])
+  if segment_ids is not None:   # [B, 1, T, T]: and j in t's own segment (padding in none)
+    same = (index_BT[:, :, None] == index_BT[:, None, :]) & (index_BT >= 0)[:, :, None]
+    earlier = earlier[None, None] & same[:, None]
   K = min(top_k, Tk)
   s_BHTJ = jnp.where(earlier, s_BHTJ, -jnp.inf)
   vals_BHTK, idx_BHTK = jax.lax.top_k(s_BHTJ, K)

@@ -20,6 +20,7 @@ from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_embed_init, default_kernel_init
 
 from jaxmem.checks import check_positive_int, is_concrete
+from jaxmem.kernels.segments import previous_in_segment
 from jaxmem.sharding import param, with_axes
 
 Axes = Sequence[Optional[str]]
@@ -123,8 +124,21 @@ class CausalConv(nnx.Module):
       y = y + self.bias[...].astype(x_BTC.dtype)[None, None]
     return padded[:, padded.shape[1] - (K - 1):], y
 
-  def __call__(self, x_BTC: jax.Array) -> jax.Array:
-    return self.scan(None, x_BTC)[1]
+  def __call__(self, x_BTC: jax.Array, segment_ids: Optional[jax.Array] = None) -> jax.Array:
+    """``y [B, T, C]``; with ``segment_ids [B, T]`` (packed sequences, :mod:`jaxmem.kernels.segments`) each tap
+    reads the token that many non-padding tokens back in the same segment, zeros before the segment's start."""
+    if segment_ids is None:
+      return self.scan(None, x_BTC)[1]
+    K = self.width
+    w = self.taps[...].astype(x_BTC.dtype)
+    y = w[K - 1][None, None] * x_BTC
+    for j in range(1, K):  # taps, not time steps
+      src, ok = previous_in_segment(segment_ids, j)
+      back = jnp.take_along_axis(x_BTC, src[..., None], axis=1)
+      y = y + w[K - 1 - j][None, None] * jnp.where(ok[..., None], back, jnp.zeros((), x_BTC.dtype))
+    if self.bias is not None:
+      y = y + self.bias[...].astype(x_BTC.dtype)[None, None]
+    return y
 
   def step(self, tail_BKC: jax.Array, x_BC: jax.Array) -> tuple:
     """One token: ``(tail [B, K − 1, C], x_t [B, C]) -> (tail, y_t [B, C])``."""

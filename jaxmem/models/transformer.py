@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxmem.checks import check_config_ints, check_rank
+from jaxmem.kernels.segments import check_segment_ids, previous_in_segment, segment_positions
 from jaxmem.models import bodies, mixers
 from jaxmem.models.bodies import BodyConfig
 from jaxmem.models.layers import FeedForward, embed, layer_norm, linear, positions, token_ids
@@ -167,9 +168,15 @@ class Block(nnx.Module):
           if cfg.ffn == "mlp" else mixers.build(
           cfg.ffn, d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers, dtype=cfg.dtype, rngs=rngs)
 
-  def __call__(self, x: jax.Array) -> jax.Array:
-    x = x + self.attn(self.ln1(x))
-    return x if self.ffn is None else x + self.ffn(self.ln2(x))
+  def __call__(self, x: jax.Array, segment_ids: Optional[jax.Array] = None) -> jax.Array:
+    """``x [B, T, d_model]``; ``segment_ids [B, T]``: packed sequences, passed to the mixers (the MLP is
+    per token)."""
+    x = x + (self.attn(self.ln1(x)) if segment_ids is None else self.attn(self.ln1(x), segment_ids))
+    if self.ffn is None:
+      return x
+    if isinstance(self.ffn, mixers.Mixer) and segment_ids is not None:
+      return x + self.ffn(self.ln2(x), segment_ids)
+    return x + self.ffn(self.ln2(x))
 
   def init_state(self, batch_size: int, max_len: int) -> dict:
     """The decoding state of the block's mixers: ``{"attn": ..., "ffn": ... or None}`` (the MLP keeps none)."""
@@ -226,9 +233,10 @@ class TransformerLM(nnx.Module):
         None if tied else linear(cfg.d_model, out_dim, ("embed", "vocab"), use_bias=False, dtype=dt, rngs=rngs)
     )
 
-  def embed_tokens(self, tokens_BT: jax.Array) -> jax.Array:
+  def embed_tokens(self, tokens_BT: jax.Array, segment_ids: Optional[jax.Array] = None) -> jax.Array:
     """Input plus position embeddings: tokens ``[B, T]`` (or ``[B, T, input_dim]``) ->
-    ``[B, T, d_model]``."""
+    ``[B, T, d_model]``. With ``segment_ids [B, T]`` (packed sequences) positions and the n-gram window restart
+    at each segment (:func:`jaxmem.kernels.segments.segment_positions`)."""
     if self.cfg.input_dim:
       check_rank("inputs", tokens_BT, 3, "B, T, input_dim")
       if tokens_BT.shape[-1] != self.cfg.input_dim:
@@ -240,32 +248,46 @@ class TransformerLM(nnx.Module):
     if self.cfg.positions == "learned" and T > self.cfg.max_len:
       raise ValueError(f"`tokens` has length {T} > max_len={self.cfg.max_len}.")
     x = self.embed(tokens_BT)
-    if self.ngram is not None:  # [e_{t−n+1}; …; e_t], zeros before the start
+    if self.ngram is not None:  # [e_{t−n+1}; …; e_t], zeros before the start (of the segment)
       n = self.cfg.ngram_inputs
-      window = [jnp.pad(x, ((0, 0), (j, 0), (0, 0)))[:, :T] for j in range(n - 1, 0, -1)] + [x]
+      if segment_ids is None:
+        window = [jnp.pad(x, ((0, 0), (j, 0), (0, 0)))[:, :T] for j in range(n - 1, 0, -1)] + [x]
+      else:
+        window = [_back_in_segment(x, segment_ids, j) for j in range(n - 1, 0, -1)] + [x]
       x = x + jax.nn.gelu(self.ngram(jnp.concatenate(window, axis=-1)))
+    if segment_ids is not None and self.cfg.positions != "none":
+      pos_BT = segment_positions(segment_ids)
+      if self.cfg.positions == "learned":
+        return x + jnp.take(self.pos[...], pos_BT, axis=0).astype(x.dtype)
+      return x + sinusoidal_at(pos_BT, self.cfg.d_model).astype(x.dtype)
     if self.cfg.positions == "learned":
       x = x + self.pos[...][None, :T].astype(x.dtype)
     elif self.cfg.positions == "sinusoidal":
       x = x + sinusoidal_positions(T, self.cfg.d_model)[None].astype(x.dtype)
     return x
 
-  def logits_from_embeddings(self, x_BTD: jax.Array) -> jax.Array:
+  def logits_from_embeddings(self, x_BTD: jax.Array, segment_ids: Optional[jax.Array] = None) -> jax.Array:
     """Blocks, final norm and read-out; separate so tests can differentiate w.r.t. inputs."""
-    body = lambda blk, h: blk(h)
+    body = (lambda blk, h, seg: blk(h)) if segment_ids is None else (lambda blk, h, seg: blk(h, seg))
     if self.cfg.remat:
       body = nnx.remat(body, policy=remat_policy(self.cfg.remat_policy))
 
-    @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
-    def run_blocks(blocks, h: jax.Array) -> jax.Array:
+    @nnx.scan(in_axes=(0, nnx.Carry, None), out_axes=nnx.Carry)
+    def run_blocks(blocks, h: jax.Array, seg) -> jax.Array:
       for block in (blocks if isinstance(blocks, tuple) else (blocks,)):  # the pattern, not time
-        h = body(block, h)
+        h = body(block, h, seg)
       return h
 
-    return self.read_out(run_blocks(self.blocks, x_BTD))
+    return self.read_out(run_blocks(self.blocks, x_BTD, segment_ids))
 
-  def __call__(self, tokens_BT: jax.Array) -> jax.Array:
-    return self.logits_from_embeddings(self.embed_tokens(tokens_BT))
+  def __call__(self, tokens_BT: jax.Array, segment_ids: Optional[jax.Array] = None) -> jax.Array:
+    """``logits [B, T, vocab]``; ``segment_ids [B, T]`` (integers): packed sequences (several documents per row,
+    :mod:`jaxmem.kernels.segments`): positions restart and no mixer reads across a boundary, so each
+    document's logits are the ones it would get alone; padding (id 0) tokens' logits are not meaningful."""
+    if segment_ids is not None:
+      B, T = tokens_BT.shape[:2]
+      segment_ids = check_segment_ids(segment_ids, B, T)
+    return self.logits_from_embeddings(self.embed_tokens(tokens_BT, segment_ids), segment_ids)
 
   # -- decoding: init_state / scan / step (jaxmem.generate builds on these) ----------------------------------
 
@@ -367,6 +389,13 @@ class TransformerLM(nnx.Module):
     h = self.ln_f(h_BTD)
     logits = self.embed.attend(h) if self.head is None else self.head(h)
     return logits.astype(jnp.float32)
+
+
+def _back_in_segment(x_BTD: jax.Array, segment_ids_BT: jax.Array, lag: int) -> jax.Array:
+  """Each token's input ``lag`` non-padding tokens back in its own segment (zeros where there is none)."""
+  src, ok = previous_in_segment(segment_ids_BT, lag)
+  back = jnp.take_along_axis(x_BTD, src[..., None], axis=1)
+  return jnp.where(ok[..., None], back, jnp.zeros((), x_BTD.dtype))
 
 
 def sinusoidal_positions(length: int, dim: int) -> jax.Array:

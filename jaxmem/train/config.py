@@ -89,6 +89,11 @@ class DataConfig:
     eval_batch_size: windows per evaluation batch.
     eval_max_windows: cap on validation windows during training (0: the whole split);
       the final evaluation always uses the whole split.
+    pack: train on whole documents packed into rows with segment ids (:mod:`jaxmem.data.packing`: Tiny
+      Shakespeare split at blank lines, WikiText-2 at article titles), the loss masked where a target starts
+      the next document; the model reads no byte across a document boundary (a body that takes
+      ``segment_ids``: ``transformer``). False: random windows of the byte stream. Evaluation is the same
+      either way (windows of the validation split).
   """
 
   corpus: str = "tinyshakespeare"
@@ -97,10 +102,13 @@ class DataConfig:
   batch_size: int = 32
   eval_batch_size: int = 64
   eval_max_windows: int = 0
+  pack: bool = False
 
   def __post_init__(self):
     check_config_ints(self, ("seq_len", "batch_size", "eval_batch_size"))
     check_config_ints(self, ("eval_max_windows",), allow_zero=True)
+    if not isinstance(self.pack, bool):
+      raise ValueError(f"DataConfig.pack must be True or False, got {self.pack!r}.")
 
 
 BYTES = 256

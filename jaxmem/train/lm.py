@@ -21,7 +21,9 @@ from jaxmem import config_files, distributed
 from jaxmem import sharding as jaxmem_sharding
 from jaxmem.data import RandomWindows, eval_windows, load_corpus
 from jaxmem.data.corpora import Corpus
+from jaxmem.data.packing import PackedDocuments, split_documents
 from jaxmem.models import bodies
+from jaxmem.models.transformer import TransformerConfig
 from jaxmem.train import loop
 from jaxmem.train.config import LMConfig
 from jaxmem.train.losses import LN2, lm_loss, token_nll, with_ponder_cost
@@ -129,9 +131,15 @@ def train_lm(cfg, workdir, *, corpus: Optional[Corpus] = None, stop_after: Optio
     corpus = load_corpus(cfg.data.corpus, cfg.data.path)
   _check_saved_config(workdir, cfg)
   mesh = loop.make_mesh(devices, cfg.train.model_axis)
-  train_iter = RandomWindows(corpus["train"], cfg.data.seq_len, cfg.data.batch_size,
-                             seed=cfg.train.seed, process_index=jax.process_index(),
-                             process_count=jax.process_count())
+  shard = dict(seed=cfg.train.seed, process_index=jax.process_index(), process_count=jax.process_count())
+  if cfg.data.pack:
+    if not isinstance(cfg.model, TransformerConfig):
+      raise ValueError(f"data.pack=True trains on packed documents, which needs a body that takes segment_ids "
+                       f"(transformer); the {cfg.model.body!r} body does not.")
+    train_iter = PackedDocuments(split_documents(corpus["train"], cfg.data.corpus), cfg.data.seq_len,
+                                 cfg.data.batch_size, **shard)
+  else:
+    train_iter = RandomWindows(corpus["train"], cfg.data.seq_len, cfg.data.batch_size, **shard)
 
   def evaluate(model, step):
     full = step == cfg.train.n_steps

@@ -45,8 +45,10 @@ def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
 
 def lm_loss(model: nnx.Module, batch: dict) -> tuple:
   """Mean next-byte NLL (nats) over the batch (over ``batch["mask"]`` if present); metrics add
-  bits per byte."""
-  nll = token_nll(model(batch["inputs"]), batch["targets"])
+  bits per byte. A batch with ``segment_ids`` (packed documents) passes them to the model."""
+  logits = model(batch["inputs"]) if "segment_ids" not in batch else \
+      model(batch["inputs"], segment_ids=batch["segment_ids"])  # packed documents (jaxmem.data.packing)
+  nll = token_nll(logits, batch["targets"])
   loss = masked_mean(nll, batch["mask"]) if "mask" in batch else nll.mean()
   return loss, {"bpb": loss / LN2}
 

@@ -516,3 +516,17 @@ def test_soft_attention_rejects_bad_beta(beta):
   q, k, v = (np.zeros(s, np.float32) for s in _QKV)
   with pytest.raises(ValueError, match=r"`beta` must be"):
     soft_attention(q, k, v, beta=beta)
+
+
+@pytest.mark.parametrize("kind", ["hard", "soft"])
+def test_packed_sequences_equal_each_document_alone(kind):
+  # segment_ids: the argmax set (or the soft weights) is taken over the query's own document; integer-valued
+  # scores make ties, so the hard case checks tie sets across documents; values and gradients
+  from tests.kernels.packed import PACKED, check_packed_equals_alone
+  r = np.random.default_rng(47)
+  xs = tuple(r.integers(-2, 3, PACKED.shape + (2, w)).astype(np.float32) for w in (3, 3, 4))
+  call = ahat_attention if kind == "hard" else functools.partial(soft_attention, beta=2.0)
+  fn = lambda q, k, v, segment_ids=None: call(q, k, v, causal=True, segment_ids=segment_ids)
+  check_packed_equals_alone(fn, xs, rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match=r"`segment_ids` must have shape \[B, T\]"):
+    fn(*xs, segment_ids=PACKED[:1])

@@ -1,4 +1,4 @@
-"""associative_memory (hebb / delta / oja / decay / gated_delta) vs an independent numpy loop.
+"""associative_memory (hebb / delta / oja / decay / gated_delta / gated_oja) vs an independent numpy loop.
 
 Every execution form (recurrent, parallel, chunked, auto) is checked against a float64
 per-token loop written from the update equations, on values, final states and gradients,
@@ -23,14 +23,15 @@ import pytest
 from jaxmem.arrays import device_array
 from jaxmem.kernels import assoc
 from jaxmem.kernels.assoc import associative_memory, init, step
+from tests.kernels.packed import runs
 
-RULES = ["hebb", "delta", "oja", "decay", "gated_delta"]
-DECAYS = ("decay", "gated_delta")
+RULES = ["hebb", "delta", "oja", "decay", "gated_delta", "gated_oja"]
+DECAYS = ("decay", "gated_delta", "gated_oja")
 NAMES = ("q", "k", "v", "beta", "decay", "initial_state")
 
 
 def modes_for(rule):
-  return ["recurrent", "chunked", "auto"] + ([] if rule == "oja" else ["parallel"])
+  return ["recurrent", "chunked", "auto"] + ([] if rule in ("oja", "gated_oja") else ["parallel"])
 
 
 def numpy_assoc(q, k, v, beta, decay, S0, rule):
@@ -56,6 +57,8 @@ def numpy_assoc(q, k, v, beta, decay, S0, rule):
           S = gt * S + bt * np.outer(vt, kt)
         elif rule == "gated_delta":
           S = gt * S + bt * np.outer(vt - gt * (S @ kt), kt)
+        elif rule == "gated_oja":
+          S = gt * S + bt * (np.outer(vt, kt) - gt * np.outer(vt, vt) @ S)
         out[b, t, h] = S @ q[b, t, h]  # read after write
       final[b, h] = S
   return out, final
@@ -261,7 +264,7 @@ def test_hebb_parallel_is_causal_linear_attention():
 
 
 @pytest.mark.parametrize("rule,group", [
-    ("hebb", None), ("delta", 3), ("oja", 3), ("decay", 1), ("gated_delta", 3),
+    ("hebb", None), ("delta", 3), ("oja", 3), ("decay", 1), ("gated_delta", 3), ("gated_oja", 3),
 ])
 def test_chunked_with_initial_state_equals_recurrent(rule, group):
   # chunk 5: odd, below the inverse's block size 8; T = 37 is 8 chunks, the last padded by 3,
@@ -284,6 +287,83 @@ def test_splitting_a_sequence_carries_the_state():
   o2, S2 = call("gated_delta", "chunked", *(x[:, 21:] for x in (q, k, v, beta, decay)), S1)
   np.testing.assert_allclose(np.concatenate([o1, o2], axis=1), o, rtol=1e-4, atol=2e-5)
   np.testing.assert_allclose(S2, S, rtol=1e-4, atol=2e-5)
+
+
+# ----------------------------------------------------------------------------------------
+# packed sequences (segment_ids) and grouped value heads
+
+# SHAPE's rows as packed documents: row 0 is three segments (the second interrupted by padding, which it
+# continues across) and trailing padding; row 1 starts with padding, then two segments
+SEGMENTS = np.array([[1] * 5 + [2] * 14 + [0] * 2 + [2] * 3 + [3] * 9 + [0] * 4,
+                     [0] * 2 + [4] * 17 + [1] * 18], np.int32)
+
+
+def per_segment(run_one, q, k, v, beta, decay, S0):
+  """``(o, S_T)`` of a packed batch from separate runs of ``run_one(q, k, v, beta, decay, S0) -> (o, S)`` on
+  each segment (``[1, T_seg, ...]`` slices): a row's first segment from its initial state, later ones from
+  zeros, padding 0, the final state the row's last segment's."""
+  outs, finals = [], []
+  for b, ids in enumerate(SEGMENTS):
+    o_b, S = [None] * len(ids), S0[b:b + 1]
+    for i, r in enumerate(runs(ids)):
+      o, S = run_one(*(x[b:b + 1, r] for x in (q, k, v, beta, decay)), S if i == 0 else 0 * S)
+      for j, t in enumerate(r):
+        o_b[t] = o[0, j]
+    zero = jnp.zeros_like(o[0, 0])
+    outs.append(jnp.stack([zero if x is None else x for x in o_b]))
+    finals.append(S[0])
+  return jnp.stack(outs), jnp.stack(finals)
+
+
+@functools.cache
+def segmented(rule, mode):
+  """One jitted program: the packed call's ``(o, S_T)`` and its pullback of ``cotangents()``."""
+  def run(cot_o, cot_S, *xs):
+    (o, S), pullback = jax.vjp(lambda *xs: call(rule, mode, *xs, segment_ids=SEGMENTS), *xs)
+    return o, S, pullback((cot_o, cot_S))
+  return jax.jit(run)
+
+
+@functools.cache
+def segmented_reference(rule):
+  """The same from separate recurrent runs of each segment (no segment_ids), as one jitted program."""
+  def run(cot_o, cot_S, *xs):
+    one = lambda *a: call(rule, "recurrent", *a)
+    (o, S), pullback = jax.vjp(lambda *xs: per_segment(one, *xs), *xs)
+    return o, S, pullback((cot_o, cot_S))
+  return jax.jit(run)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_packed_sequences_equal_each_segment_alone(rule):
+  # every form: values and final states against the float64 numpy loop run on each segment alone; gradients
+  # (w.r.t. q, k, v, beta, decay, initial_state) against separate recurrent runs of the segments
+  q, k, v, beta, decay, S0 = inputs()
+  numpy_one = lambda q, k, v, b, d, S: numpy_assoc(q, k, v, b, d if rule in DECAYS else None, S, rule)
+  ref_o, ref_S = per_segment(numpy_one,
+                             *(np.asarray(x, np.float64) for x in (q, k, v, beta, decay, S0)))
+  want = segmented_reference(rule)(*cotangents(), q, k, v, beta, decay, S0)
+  np.testing.assert_allclose(want[0], ref_o, rtol=1e-4, atol=2e-5)
+  for mode in [m for m in modes_for(rule) if m != "auto"]:
+    o, S, grads = segmented(rule, mode)(*cotangents(), q, k, v, beta, decay, S0)
+    np.testing.assert_allclose(o, ref_o, rtol=1e-4, atol=2e-5, err_msg=f"{rule} {mode} o")
+    np.testing.assert_allclose(S, ref_S, rtol=1e-4, atol=2e-5, err_msg=f"{rule} {mode} S")
+    assert not np.any(o[SEGMENTS == 0]), "padding reads 0"
+    assert_grads_close(grads, want[2], rule, f"{rule} {mode} packed")
+
+
+def test_grouped_value_heads_equal_repeated_key_heads():
+  # H = 3 value heads served by one key head: equal to repeating q and k three times; gradients of the key
+  # head are the sums over its group
+  q, k, v, beta, decay, S0 = inputs()
+  f = lambda q, k: call("gated_delta", "chunked", q, k, v, beta, decay, S0)
+  loss = lambda o_S: sum(jnp.vdot(c, x) for c, x in zip(cotangents(), o_S, strict=True))
+  grouped = jax.jit(jax.value_and_grad(lambda q, k: loss(f(q, k)), argnums=(0, 1)))(q[:, :, :1], k[:, :, :1])
+  rep = lambda x: jnp.repeat(x[:, :, :1], 3, axis=2)
+  full = jax.jit(jax.value_and_grad(lambda q, k: loss(f(rep(q), rep(k))), argnums=(0, 1)))(q, k)
+  np.testing.assert_allclose(grouped[0], full[0], rtol=1e-5)
+  for a, b in zip(grouped[1], full[1], strict=True):
+    np.testing.assert_allclose(a, b[:, :, :1], rtol=1e-4, atol=1e-5)
 
 
 @functools.partial(jax.jit, static_argnames=("rule",))
@@ -462,7 +542,8 @@ def _qkv(B=1, T=5, H=2, Dk=4, Dv=3):
         ({"q": (5, 2, 4)}, {}, r"`q` must have rank 4 \[B, T, H, D_k\], got shape \(5, 2, 4\)"),
         ({"k": (1, 5, 2, 4, 1)}, {}, r"`k` must have rank 4"),
         ({"v": (1, 5, 3)}, {}, r"`v` must have rank 4"),
-        ({"k": (1, 5, 3, 4)}, {}, r"numbers of heads: q=2, k=3, v=2"),
+        ({"k": (1, 5, 3, 4)}, {}, r"numbers of heads: q=2, k=3"),
+        ({"q": (1, 5, 3, 4), "k": (1, 5, 3, 4)}, {}, r"`v` has 2 heads, which the 3 heads of `q` and `k` must"),
         ({"v": (2, 5, 2, 3)}, {}, r"batch sizes: q=1, k=1, v=2"),
         ({"k": (1, 6, 2, 4)}, {}, r"lengths: q=5, k=6, v=5"),
         ({"k": (1, 5, 2, 7)}, {}, r"key widths: q=4, k=7"),

@@ -39,7 +39,6 @@ GAMMAS = (0.0, 1e-30, 1e-6, 1.0)
 BETAS = (0.0, 1.0, 2.0)
 NEAR_ZERO = (1e-6, 1e-3, 0.05, 0.5, 1.0)
 GRID_CHUNK = 4
-MODES = ("recurrent", "parallel", "chunked", "auto")
 
 
 def loop_reference(q, k, v, beta, decay, S0, rule):
@@ -61,6 +60,9 @@ def loop_reference(q, k, v, beta, decay, S0, rule):
       S = S + b * vt[..., None] * (kt - ein("bhv,bhvk->bhk", vt, S))[..., None, :]
     elif rule == "decay":
       S = g * S + b * vt[..., None] * kt[..., None, :]
+    elif rule == "gated_oja":
+      S = g * S
+      S = S + b * vt[..., None] * (kt - ein("bhv,bhvk->bhk", vt, S))[..., None, :]
     else:  # gated_delta
       S = g * S + b * (vt[..., None] - g * Sk) * kt[..., None, :]
     return S, ein("bhvk,bhk->bhv", S, qt)
@@ -202,7 +204,7 @@ def test_decay_and_beta_grid_finite_and_exact_under_jit(rule, mode):
       np.testing.assert_allclose(g, gr, rtol=2e-3, atol=1e-4, err_msg=f"d/d{name} log={as_log}")
 
 
-@pytest.mark.parametrize("rule,mode", [(r, m) for r in DECAYS for m in MODES if m != "auto"]
+@pytest.mark.parametrize("rule,mode", [(r, m) for r in DECAYS for m in modes_for(r) if m != "auto"]
                          + [("gated_delta", "auto")])
 def test_log_decay_minus_inf_has_finite_log_space_gradients(rule, mode):
   # γ = 0 passed as log γ = −inf: d/d(log γ) = γ · (...) = 0 there exactly, finite everywhere

@@ -176,7 +176,8 @@ def test_jit_and_large_logits_stay_finite():
     [
         (((2, 5, 4), (2, 5, 4), (2, 5, 4)), {}, r"`q` must have rank 4"),
         (((1, 5, 2, 4), (1, 5, 4), (1, 5, 2, 4)), {}, r"`k` must have rank 4"),
-        (((1, 5, 2, 4), (1, 5, 3, 4), (1, 5, 3, 4)), {}, r"numbers of heads: q=2, k=3, v=3"),
+        (((1, 5, 2, 4), (1, 5, 3, 4), (1, 5, 3, 4)), {}, r"`k` and `v` have 3 heads, which must divide the 2"),
+        (((1, 5, 2, 4), (1, 5, 2, 4), (1, 5, 1, 4)), {}, r"numbers of heads: k=2, v=1"),
         (((1, 5, 2, 4), (1, 5, 2, 6), (1, 5, 2, 4)), {}, r"key widths: q=4, k=6"),
         (((2, 5, 2, 4), (1, 5, 2, 4), (1, 5, 2, 4)), {}, r"batch sizes"),
         (((1, 5, 2, 4), (1, 5, 2, 4), (1, 6, 2, 4)), {}, r"key/value lengths: k=5, v=6"),
@@ -285,3 +286,32 @@ def test_q_offset_and_cache_bad_input_raise():
     kv_cache_append(cache, np.zeros((2, 3, 2, 5), np.float32), q)
   with pytest.raises(ValueError, match="cache batch sizes"):
     kv_cache_append(cache, q[:1], q[:1])
+
+
+def test_grouped_query_attention_equals_repeated_key_value_heads():
+  # H = 4 query heads over H_kv = 2 key/value heads (query head h reads kv head h // 2): the values and the
+  # (q, k, v) gradients equal attention with each kv head repeated, whose kv gradients are the group's sums
+  q, k, v = rand(40, (B, T, 4, D)), rand(41, (B, T, 2, D)), rand(42, (B, T, 2, E))
+  cot = rand(43, (B, T, 4, E))
+  rep = lambda x: jnp.repeat(x, 2, axis=2)
+  loss = lambda f: lambda q, k, v: jnp.vdot(cot, f(q, k, v))
+  grouped = jax.jit(jax.value_and_grad(loss(lambda q, k, v: softmax_attention(q, k, v)), (0, 1, 2)))(q, k, v)
+  repeated = lambda q, k, v: softmax_attention(q, rep(k), rep(v))
+  full = jax.jit(jax.value_and_grad(loss(repeated), (0, 1, 2)))(q, k, v)
+  np.testing.assert_allclose(grouped[0], full[0], rtol=1e-5)
+  for a, b in zip(grouped[1], full[1], strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match=r"`k` and `v` have 3 heads, which must divide the 4 heads of `q`"):
+    softmax_attention(q, rand(0, (B, T, 3, D)), rand(0, (B, T, 3, E)))
+
+
+def test_packed_sequences_equal_each_document_alone():
+  # segment_ids: a query attends to its own document only (grouped heads too); values and gradients
+  from tests.kernels.packed import PACKED, check_packed_equals_alone
+  xs = (rand(44, PACKED.shape + (4, D)), rand(45, PACKED.shape + (2, D)), rand(46, PACKED.shape + (2, E)))
+  fn = lambda q, k, v, segment_ids=None: softmax_attention(q, k, v, segment_ids=segment_ids)
+  check_packed_equals_alone(fn, xs, rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match=r"`segment_ids` must hold integers"):
+    softmax_attention(*xs, segment_ids=PACKED.astype(np.float32))
+  with pytest.raises(ValueError, match=r"does not combine with `q_offset`"):
+    softmax_attention(*xs, segment_ids=PACKED, q_offset=np.zeros(2, np.int32))

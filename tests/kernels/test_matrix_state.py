@@ -24,6 +24,7 @@ from jaxmem.kernels import matrix_state as ms
 from jaxmem.kernels.assoc import associative_memory, auto_forward_mode
 from jaxmem.kernels.matrix_state import init, matrix_state, max_singular_value, spectral_normalize, step
 from jaxmem.kernels.precision import dot_general_precisions
+from tests.kernels.packed import runs
 
 VARIANTS = ("core", "mix_H", "mix_BTH")
 
@@ -488,6 +489,135 @@ def test_per_channel_gates_equal_across_channels_are_the_per_head_gate():
 
 
 # ----------------------------------------------------------------------------------------
+# packed sequences (segment_ids)
+
+# rows of T = 22 tokens, chunks of 8 (every boundary inside a chunk, the last chunk partial): row 0 is three
+# segments, the second interrupted by padding (which it continues across), then trailing padding; row 1 starts
+# with padding, then two segments
+SEGMENTS = np.array([[1] * 5 + [2] * 4 + [0] * 3 + [2] * 2 + [3] * 6 + [0] * 2,
+                     [0] * 3 + [5] * 8 + [7] * 11], np.int32)
+PACKED = (2, 22, 2, 3)  # B, T, H, S
+PACKED_CHUNK = 8
+GATE_KINDS = ("per_head", "per_channel")  # per head through log ρ, per channel through ρ (both gate paths)
+
+
+def per_segment(run_one, xs, S0, xp):
+  """``(o, S_T)`` of the packed batch from separate runs ``run_one(*xs_segment, S0) -> (o, S)`` of each
+  segment (``[1, T_seg, ...]`` slices of the ``[B, T, ...]`` arrays ``xs``): a row's first segment from its
+  initial state, later ones from zeros; padding reads 0; the final state is the row's last segment's."""
+  outs, finals = [], []
+  for b, ids in enumerate(SEGMENTS):
+    o_b, S = [None] * len(ids), S0[b:b + 1]
+    for i, r in enumerate(runs(ids)):
+      o, S = run_one(*(x[b:b + 1, r] for x in xs), S if i == 0 else 0 * S)
+      for j, t in enumerate(r):
+        o_b[t] = o[0, j]
+    outs.append(xp.stack([xp.zeros_like(o[0, 0]) if x is None else x for x in o_b]))
+    finals.append(S[0])
+  return xp.stack(outs), xp.stack(finals)
+
+
+def packed_inputs(gate_kind, spectral_norm=False):
+  """Discovery's inputs (d, mix [B, T, H, 3]) on PACKED: ``(q, k, v, gate, d, mix, S0)``, the gate log ρ
+  [B, T, H] (per head) or ρ [B, T, H, S] (per channel, with exact 0 and 1 entries); for spectral
+  normalisation larger inputs and an initial state outside the unit ball (row 1's leading padding must not
+  normalise it)."""
+  q, k, v, log_rho, d, mix, S0 = make_inputs(*PACKED, seed=30, scale=1.5 if spectral_norm else 0.7)
+  if spectral_norm:
+    S0 = 5.0 * S0
+    assert np.linalg.norm(np.asarray(S0[1], np.float64), 2, axis=(-2, -1)).min() > 1.0
+  gate = log_rho if gate_kind == "per_head" else jnp.exp(channel_log_rho(*PACKED, seed=31))
+  return q, k, v, gate, d, mix, S0
+
+
+def _segment_rows():
+  """Every segment as a row of its own, right-padded to the longest: ``(batch [N], token [N, L], real
+  [N, L], first [N], last [B])``: the packed row and tokens of each, which entries are tokens, whether it is
+  its row's first segment, and each packed row's last segment."""
+  rows = [(b, i, r) for b, ids in enumerate(SEGMENTS) for i, r in enumerate(runs(ids))]
+  L = max(len(r) for _, _, r in rows)
+  token = np.stack([np.pad(r, (0, L - len(r)), constant_values=-1) for _, _, r in rows])
+  batch, first = np.array([b for b, _, _ in rows]), np.array([i == 0 for _, i, _ in rows])
+  last = np.array([np.flatnonzero(batch == b).max() for b in range(len(SEGMENTS))])
+  return batch, token, token >= 0, first, last
+
+
+def segments_alone(run, xs, S0, neutral):
+  """``(o, S_T)`` of the packed batch from ONE run ``run(*xs_rows, S0_rows) -> (o, S)`` of every segment alone
+  as a row of its own (:func:`_segment_rows`; a row's first segment from its initial state, later ones from
+  zeros), padded with the token ``neutral`` (one entry per ``xs``: gate 1, no decay and no write), which
+  leaves the state as it is; padding reads 0, the final state is the row's last segment's."""
+  batch, token, real, first, last = _segment_rows()
+  at = (batch[:, None], np.maximum(token, 0))
+  expand = lambda m, x: m.reshape(m.shape + (1,) * (x.ndim - m.ndim))
+  xs_rows = [jnp.where(expand(real, x[at]), x[at], jnp.asarray(n, x.dtype)) for x, n in zip(xs, neutral,
+                                                                                               strict=True)]
+  o_rows, S_rows = run(*xs_rows, jnp.where(expand(first, S0[batch]), S0[batch], 0.0))
+  o = jnp.zeros(xs[0].shape[:2] + o_rows.shape[2:], o_rows.dtype)
+  return o.at[batch[:, None], np.where(real, token, xs[0].shape[1])].set(o_rows, mode="drop"), S_rows[last]
+
+
+@functools.cache
+def packed_program(gate_kind, mode, spectral_norm=False):
+  """One jitted program: ``(o, S_T)`` of the packed call (``mode``; None: the reference, a recurrent run of
+  each segment alone without segment_ids) and its pullback of ``(c_o, c_S)``."""
+  gate_name = "log_rho" if gate_kind == "per_head" else "rho"
+
+  def one(q, k, v, gate, d, mix, S0, **kw):
+    return matrix_state(q, k, v, **{gate_name: gate}, d=d, mix=mix, chunk_size=PACKED_CHUNK, initial_state=S0,
+                        return_state=True, spectral_norm=spectral_norm, **kw)
+
+  def f(*xs):
+    if mode is None:  # neutral tokens: q, k, v, d = 0, gate 1 (log ρ = 0 or ρ = 1), mix (1, 0, 0)
+      neutral = (0.0, 0.0, 0.0, 0.0 if gate_kind == "per_head" else 1.0, 0.0, np.float32([1, 0, 0]))
+      return segments_alone(functools.partial(one, mode="recurrent"), xs[:-1], xs[-1], neutral)
+    return one(*xs, mode=mode, segment_ids=SEGMENTS)
+
+  def run(c_o, c_S, *xs):
+    (o, S), pullback = jax.vjp(f, *xs)
+    return o, S, pullback((c_o, c_S))
+
+  return jax.jit(run)
+
+
+PACKED_NAMES = ("q", "k", "v", "gate", "d", "mix", "S0")
+
+
+def _assert_packed_equals_each_segment_alone(gate_kind, modes, spectral_norm=False):
+  # values and final states against the float64 numpy loop run on each segment alone; gradients w.r.t. every
+  # input against separate recurrent runs of the segments (float32: a few ε of O(1) sums apart)
+  xs = packed_inputs(gate_kind, spectral_norm)
+  q, k, v, gate, d, mix, S0 = (np.asarray(x, np.float64) for x in xs)
+  rho = np.exp(gate) if gate_kind == "per_head" else gate
+  loop_one = lambda q, k, v, rho, d, mix, S0: numpy_matrix_state(q, k, v, rho, d, mix, S0, spectral_norm)[:2]
+  ref_o, ref_S = per_segment(loop_one, (q, k, v, rho, d, mix), S0, np)
+  r = np.random.default_rng(32)
+  cot = tuple(r.normal(size=s).astype(np.float32) for s in (ref_o.shape, ref_S.shape))
+  want = packed_program(gate_kind, None, spectral_norm)(*cot, *xs)
+  np.testing.assert_allclose(want[0], ref_o, atol=2e-5)
+  np.testing.assert_allclose(want[1], ref_S, atol=2e-5)
+  for mode in modes:
+    o, S_T, grads = packed_program(gate_kind, mode, spectral_norm)(*cot, *xs)
+    what = f"{gate_kind} {mode} spectral_norm={spectral_norm}"
+    np.testing.assert_allclose(o, ref_o, atol=2e-5, err_msg=f"{what} o")
+    np.testing.assert_allclose(S_T, ref_S, atol=2e-5, err_msg=f"{what} S_T")
+    assert not np.any(np.asarray(o)[SEGMENTS == 0]), f"{what}: padding reads 0"
+    for name, g, g_ref in zip(PACKED_NAMES, grads, want[2], strict=True):
+      assert np.all(np.isfinite(g)) and np.any(g != 0), f"{what} d/d{name}"
+      np.testing.assert_allclose(g, g_ref, rtol=1e-4, atol=2e-5, err_msg=f"{what} d/d{name}")
+
+
+@pytest.mark.parametrize("gate_kind", GATE_KINDS)
+def test_packed_sequences_equal_each_segment_alone(gate_kind):
+  _assert_packed_equals_each_segment_alone(gate_kind, ("recurrent", "chunked", "auto"))
+
+
+def test_packed_sequences_with_spectral_norm_equal_each_segment_alone():
+  # Discovery's configuration (per-head gates); the recurrent form's padding skip is the same for either kind
+  _assert_packed_equals_each_segment_alone("per_head", ("recurrent",), spectral_norm=True)
+
+
+# ----------------------------------------------------------------------------------------
 # argument checks
 
 
@@ -531,6 +661,11 @@ def _bad_calls():
       ("`d` must have shape", lambda: run(d=d[..., :2])),
       ("`initial_state` must have shape", lambda: run(initial_state=S0[:, :, :2])),
       ("`d` is required with a traced", lambda: jax.jit(lambda m: run(mix=m, d=None))(mix)),
+      (r"`segment_ids` must have shape \[B, T\] = \(1, 4\)",
+       lambda: run(segment_ids=np.ones((1, 3), np.int32))),
+      ("`segment_ids` must hold integers", lambda: run(segment_ids=np.ones((1, 4), np.float32))),
+      ("`segment_ids` must hold integers", lambda: run(segment_ids=np.ones((1, 4), bool))),
+      ("`segment_ids` must be >= 0", lambda: run(segment_ids=np.array([[1, 1, -1, 2]], np.int32))),
   ]
 
 

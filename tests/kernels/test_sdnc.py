@@ -15,11 +15,17 @@ past its end) equals the float64 loop over each row's written slots, values, and
 subsets of operations), a prefix then the rest, equals the parallel form (itself the memory scan, above)
 on the whole sequence in values and gradients (q, k, v, every gate); rows started at different lengths are
 tests/models/test_mixers.py's (the sdnc_hybrid mixer with every operation).
+
+Packed sequences (``segment_ids``): a packed batch (three segments in a row, padding inside a segment and at
+a row's start) equals each segment run alone without segment_ids, values and gradients, for ``sdnc_attention``
+(its read weights stay inside the query's segment) and both hybrid forms with every operation on; padding
+reads 0 and bad ids raise.
 """
 
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -33,6 +39,8 @@ from jaxmem.kernels.sdnc import (
   sdnc_hybrid_scan,
   sdnc_scan,
 )
+from jaxmem.kernels.segments import segment_index
+from tests.kernels.packed import runs
 from tests.kernels.test_attention import numpy_attention
 
 
@@ -311,3 +319,106 @@ def test_hybrid_scan_without_presences_rejects_gates():
     sdnc_hybrid_scan(memory, q, k, v, erase_gate=gates["erase_gate"])
   with pytest.raises(ValueError, match="cache lengths"):
     sdnc_scan({**memory, "v": memory["v"][:, :5]}, q, k, v)
+
+
+# ---- packed sequences (segment_ids): a packed batch == each segment run alone ----
+
+# two rows of T = 24 packed documents: row 0 is three segments (the second interrupted by padding, which it
+# continues across) and trailing padding; row 1 starts with padding, then two segments
+SEGMENTS = np.array([[1] * 4 + [2] * 7 + [0] * 2 + [2] * 3 + [3] * 6 + [0] * 2,
+                     [0] * 3 + [4] * 10 + [1] * 11], np.int32)
+PB, PT, PH = 2, 24, 2
+
+
+# each segment alone: a row of its own, from position 0 (its tokens gathered, padding dropped), zeros after
+# its end (the kernels are causal: nothing after a token changes its read or, with a zero cotangent there,
+# any gradient); [N, T_max] token indices into the packed batch
+ALONE = [(b, r) for b, ids in enumerate(SEGMENTS) for r in runs(ids)]
+ALONE_T = max(len(r) for _, r in ALONE)
+ALONE_ROW = np.array([[b] * ALONE_T for b, _ in ALONE])
+ALONE_TOKEN = np.array([np.pad(r, (0, ALONE_T - len(r)), constant_values=r[0]) for _, r in ALONE])
+ALONE_REAL = np.arange(ALONE_T)[None, :] < np.array([len(r) for _, r in ALONE])[:, None]
+# the inverse: packed token (b, t) is token j of segment n (padding: n = 0, j = 0, output zeroed)
+PACKED_N, PACKED_J = np.zeros(SEGMENTS.shape, int), np.zeros(SEGMENTS.shape, int)
+for n, (b, r) in enumerate(ALONE):
+  PACKED_N[b, r], PACKED_J[b, r] = n, np.arange(len(r))
+
+
+def per_segment(fn, *xs):
+  """``fn(*xs)`` of a packed batch ``[B, T, ...]`` from ``fn`` run on each segment alone, without
+  ``segment_ids`` (as the rows of one batch ``[N, T_max, ...]``, zeros after a segment's end); padding
+  outputs 0."""
+  def gather(x):
+    x = x[ALONE_ROW, ALONE_TOKEN]
+    return jnp.where(ALONE_REAL.reshape(ALONE_REAL.shape + (1,) * (x.ndim - 2)), x, 0.0)
+  o = fn(*(gather(x) for x in xs))[PACKED_N, PACKED_J]
+  return jnp.where((SEGMENTS != 0).reshape(SEGMENTS.shape + (1,) * (o.ndim - 2)), o, 0.0)
+
+
+def _packed_inputs(seed=0):
+  q, k, v = rand(seed, (PB, PT, PH, D)), rand(seed + 1, (PB, PT, PH, D)), rand(seed + 2, (PB, PT, PH, E))
+  gates = {"write_gate": rand(seed + 3, (PB, PT, PH)), "erase_gate": rand(seed + 4, (PB, PT, PH)) + 1.0,
+           "read_modes": rand(seed + 5, (PB, PT, PH, 3))}
+  return q, k, v, gates, rand(seed + 6, (PB, PT, PH, E))
+
+
+def _assert_packed_equals_alone(packed, alone, what):
+  (o, g), (o_ref, g_ref) = packed, alone
+  np.testing.assert_allclose(o, o_ref, rtol=1e-5, atol=1e-6, err_msg=f"{what} values")
+  assert not np.any(np.asarray(o)[SEGMENTS == 0]), f"{what}: padding reads 0"
+  for name, a, b in zip(("q", "k", "v", "write_gate", "erase_gate", "read_modes"), jax.tree.leaves(g),
+                        jax.tree.leaves(g_ref), strict=False):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"{what} d/d{name}")
+
+
+@jax.jit
+def sdnc_packed_and_alone(q, k, v, cot):
+  """Values, read weights and (q, k, v)-cotangents on the packed batch; values and cotangents of each segment
+  alone."""
+  packed = lambda q, k, v: sdnc_attention(q, k, v, segment_ids=SEGMENTS, return_weights=True)
+  o, pullback, weights = jax.vjp(packed, q, k, v, has_aux=True)
+  return (o, pullback(cot)), _vjp(lambda *xs: per_segment(sdnc_attention, *xs), (q, k, v), cot), weights
+
+
+def test_sdnc_packed_sequences_equal_each_segment_alone():
+  q, k, v, _, cot = _packed_inputs()
+  packed, alone, w = sdnc_packed_and_alone(q, k, v, cot)
+  _assert_packed_equals_alone(packed, alone, "sdnc_attention")
+  # read weights: only on the query's own segment's slots; padding rows all 0
+  index = np.asarray(segment_index(SEGMENTS))
+  same = (index[:, :, None] == index[:, None, :]) & (index >= 0)[:, :, None]
+  assert np.all(np.asarray(w)[np.broadcast_to(~same[:, None], w.shape)] == 0.0)
+
+
+@jax.jit
+def hybrid_packed_and_alone(q, k, v, gates, cot):
+  """Values and cotangents (q, k, v and every gate) of both hybrid forms on the packed batch, and of the
+  parallel form run on each segment alone (the two forms agree without segments,
+  test_hybrid_parallel_equals_memory_scan_values_and_gradients)."""
+  def packed(fn):
+    return _vjp(lambda q, k, v, g: fn(q, k, v, **g, segment_ids=SEGMENTS), (q, k, v, gates), cot)
+  one = lambda q, k, v, w, e, m: sdnc_hybrid_attention(q, k, v, write_gate=w, erase_gate=e, read_modes=m)
+  names = ("write_gate", "erase_gate", "read_modes")
+  alone = _vjp(lambda q, k, v, g: per_segment(one, q, k, v, *(g[n] for n in names)), (q, k, v, gates), cot)
+  return packed(sdnc_hybrid_attention), packed(sdnc_hybrid_memory), alone
+
+
+def test_hybrid_packed_sequences_equal_each_segment_alone_both_forms():
+  # every operation on: no key, link or erase product crosses a boundary, padding inside a segment is
+  # skipped by the links and erases nothing
+  q, k, v, gates, cot = _packed_inputs(1)
+  parallel, memory, alone = hybrid_packed_and_alone(q, k, v, gates, cot)
+  assert len(jax.tree.leaves(alone[1])) == 6
+  _assert_packed_equals_alone(parallel, alone, "parallel")
+  _assert_packed_equals_alone(memory, alone, "memory")
+
+
+def test_bad_segment_ids_raise():
+  q, k, v, gates, _ = _packed_inputs()
+  for bad in (SEGMENTS.astype(np.float32), SEGMENTS[:, :-1]):
+    with pytest.raises(ValueError, match="segment_ids"):
+      sdnc_attention(q, k, v, segment_ids=bad)
+    with pytest.raises(ValueError, match="segment_ids"):
+      sdnc_hybrid_attention(q, k, v, **gates, segment_ids=bad)
+    with pytest.raises(ValueError, match="segment_ids"):
+      sdnc_hybrid_memory(q, k, v, segment_ids=bad)

@@ -295,3 +295,19 @@ def test_step_bad_input_raises_value_error_naming_the_argument(change, match):
 def test_init_rejects_bad_sizes():
   with pytest.raises(ValueError, match=r"`d_state` must be a positive integer, got 0"):
     init(1, 2, 3, 0)
+
+
+@pytest.mark.parametrize("mode", ["chunked", "recurrent"])
+def test_packed_sequences_equal_each_document_alone(mode):
+  # segment_ids: the SSM state empties at each document and padding reads 0 (the skip D x too); values and
+  # gradients w.r.t. x, dt, B, C (A and D are per head, shared)
+  from tests.kernels.packed import PACKED, check_packed_equals_alone
+  r = np.random.default_rng(48)
+  H, G, P, N = 4, 2, 3, 5
+  xs = (r.normal(size=PACKED.shape + (H, P)), r.uniform(0.1, 1.0, PACKED.shape + (H,)),
+        r.normal(size=PACKED.shape + (G, N)), r.normal(size=PACKED.shape + (G, N)))
+  xs = tuple(np.asarray(x, np.float32) for x in xs)
+  A, D = -np.linspace(0.5, 2.0, H).astype(np.float32), np.linspace(-1, 1, H).astype(np.float32)
+  fn = lambda x, dt, B, C, segment_ids=None: ssd(x, dt, A, B, C, D, mode=mode, chunk_size=3,
+                                                 segment_ids=segment_ids)
+  check_packed_equals_alone(fn, xs, rtol=1e-5, atol=2e-6)

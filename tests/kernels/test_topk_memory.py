@@ -8,6 +8,9 @@ KV cache (``q_offset``): on a longer cache with rows at different positions (few
 past the end), reads match the loop over each row's entries before the query; a row's reads and gradients
 equal the sequence form's on that row's own sequence (the cache's unwritten tail ignored); an empty read is
 zero with zero, finite gradients.
+
+Packed sequences (``segment_ids``): a packed batch equals each segment read alone, values and gradients;
+padding reads 0 with zero gradients; bad ids (and ids with ``q_offset``) raise.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 import pytest
 
 from jaxmem.kernels.topk_memory import topk_memory_read
+from tests.kernels.test_sdnc import SEGMENTS, per_segment
 
 read = jax.jit(topk_memory_read, static_argnames=("top_k", "temperature"))
 
@@ -146,3 +150,39 @@ def test_q_offset_bad_arguments():
     topk_memory_read(q, k, k[:, :5], q_offset=np.zeros(2, np.int32))
   with pytest.raises(ValueError, match="must hold integers"):
     topk_memory_read(q, k, k, q_offset=np.zeros(2, np.float32))
+
+
+# --- packed sequences: segment_ids ----------------------------------------------------------------------
+
+
+@jax.jit
+def packed_and_alone(q, k, v, cot):
+  """Values and (q, k, v)-cotangents of the packed read (top_k = 3) and of each segment read alone."""
+  read3 = lambda q, k, v, **kw: topk_memory_read(q, k, v, top_k=3, **kw)
+  vjp = lambda f: (lambda o_pull: (o_pull[0], o_pull[1](cot)))(jax.vjp(f, q, k, v))
+  return (vjp(lambda q, k, v: read3(q, k, v, segment_ids=SEGMENTS)),
+          vjp(lambda *xs: per_segment(read3, *xs)))
+
+
+def test_packed_sequences_equal_each_segment_alone():
+  # a read keeps the top 3 of its own segment's earlier entries: a segment's first token reads 0, padding
+  # reads 0 and is nobody's candidate (zero gradient)
+  r = np.random.default_rng(7)
+  B, T = SEGMENTS.shape
+  q, k = (r.normal(size=(B, T, 2, 5)).astype(np.float32) for _ in range(2))
+  v, cot = (r.normal(size=(B, T, 2, 3)).astype(np.float32) for _ in range(2))
+  (o, g), (o_ref, g_ref) = jax.tree.map(np.asarray, packed_and_alone(q, k, v, cot))
+  np.testing.assert_allclose(o, o_ref, rtol=1e-5, atol=1e-6)
+  assert not np.any(o[SEGMENTS == 0]), "padding reads 0"
+  for name, a, b in zip("qkv", g, g_ref, strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"d/d{name}")
+    assert not np.any(a[SEGMENTS == 0]), f"padding: zero gradient d/d{name}"
+
+
+def test_bad_segment_ids():
+  x = np.zeros(SEGMENTS.shape + (2, 4), np.float32)
+  for bad in (SEGMENTS.astype(np.float32), SEGMENTS[:, :-1]):
+    with pytest.raises(ValueError, match="segment_ids"):
+      topk_memory_read(x, x, x, segment_ids=bad)
+  with pytest.raises(ValueError, match="segment_ids"):   # the cached form takes none
+    topk_memory_read(x, x, x, q_offset=np.zeros(2, np.int32), segment_ids=SEGMENTS)

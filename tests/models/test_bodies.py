@@ -116,3 +116,22 @@ def test_dnc_lm_is_the_dnc_on_embeddings_and_reports_its_state():
     model(jnp.asarray([[256]]))
   with pytest.raises(ValueError, match="controller must be 'lstm' or 'feedforward'"):
     DNCLMConfig(controller="gru")
+
+
+def test_packed_rows_give_each_document_its_own_logits():
+  # TransformerLM(tokens, segment_ids): learned positions and the n-gram window restart per document, and no
+  # layer (a short convolution, a gated delta memory, softmax attention) reads across a boundary: each
+  # document's logits equal the model's on that document alone (padding inside a document skipped)
+  from tests.kernels.packed import PACKED, RUNS_B, RUNS_T
+  mixers = (AssocConfig(rule="gated_delta", short_conv=3, chunk_size=2), SoftmaxConfig(short_conv=2))
+  model = TransformerLM(TransformerConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_len=16,
+                                          mixer=mixers, ngram_inputs=3), rngs=nnx.Rngs(0))
+  params = nnx.state(model, nnx.Param)   # perturbed: identity-initialised convolution taps hide nothing
+  keys = iter(jax.random.split(jax.random.key(1), len(jax.tree.leaves(params))))
+  nnx.update(model, jax.tree.map(lambda p: p + 0.05 * jax.random.normal(next(keys), p.shape, p.dtype), params))
+  tokens = np.random.default_rng(2).integers(0, 32, PACKED.shape).astype(np.int32)
+  packed = nnx.jit(lambda m, t, s: m(t, segment_ids=s))(model, tokens, PACKED)
+  alone = nnx.jit(lambda m, t: m(t))(model, tokens[RUNS_B[:, None], RUNS_T])
+  np.testing.assert_allclose(np.asarray(packed)[RUNS_B[:, None], RUNS_T], alone, rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match=r"`segment_ids` must have shape \[B, T\] = \(2, 9\)"):
+    model(tokens, segment_ids=PACKED[:, :3])

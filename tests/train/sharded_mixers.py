@@ -7,6 +7,7 @@ kernel inside ``jax.shard_map`` (:func:`jaxmem.sharding.map_heads`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -28,6 +29,9 @@ PREFILL_COMPARED = {("softmax", 1), ("assoc", 2)}
 
 def model_for(name: str, example: int) -> TransformerLM:
   cfg = mixers.lookup(name)[0].examples()[example]
+  # grouped heads (an example's MQA, 1 key/value head for the contract test's 2 heads) as 2 groups of the 4
+  # heads here, so that each of the 2 devices holds one group: a single key/value head cannot be split
+  cfg = dataclasses.replace(cfg, **{f: 2 for f in ("n_kv_heads", "n_qk_heads") if getattr(cfg, f, 0)})
   return TransformerLM(TransformerConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, d_ff=48,
                                          max_len=T, mixer=cfg), rngs=nnx.Rngs(0))
 

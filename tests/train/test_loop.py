@@ -1,5 +1,6 @@
 """Training loop: learning, resume equivalence, divergence handling, bad workdirs."""
 
+import dataclasses
 import json
 
 import jax
@@ -9,9 +10,14 @@ import pytest
 from flax import nnx
 
 from jaxmem.data import load_corpus
+from jaxmem.data.corpora import Corpus
+from jaxmem.data.packing import PackedDocuments, split_documents
+from jaxmem.models import DNCLMConfig
+from jaxmem.models.transformer import TransformerLM
 from jaxmem.train import NonFiniteLossError, TrainConfig, TrainTask, read_metrics, train, train_lm
 from jaxmem.train.checkpoint import Checkpointer
-from tests.conftest import CompileCounter, tiny_lm_config
+from jaxmem.train.losses import lm_loss
+from tests.conftest import CompileCounter, synthetic_text, tiny_lm_config
 
 
 def params_of(model):
@@ -244,3 +250,26 @@ def test_a_second_identical_run_compiles_nothing(tmp_path):
   # another optimizer config is another program
   train(task(), dataclasses.replace(cfg, lr=0.01), tmp_path / "d", progress=False)
   assert len(_TRACES) == 2
+
+
+def test_packed_documents_train_the_model_with_their_segment_ids(tmp_path, monkeypatch):
+  # data.pack=True: the batches are packed documents and the loss passes their segment_ids to the model (the
+  # model sees them: its call records them) with the mask off at document starts; a body that takes no
+  # segment_ids is refused before any step
+  text = np.frombuffer(synthetic_text(6000).replace(b"lord", b"lord\n\n"), np.uint8)
+  corpus = Corpus("tinyshakespeare", {"train": text[:5000], "validation": text[5000:]}, "test")
+  seen = []
+  original = TransformerLM.__call__
+  monkeypatch.setattr(TransformerLM, "__call__", lambda self, tokens, segment_ids=None:
+                      (seen.append(segment_ids is not None), original(self, tokens, segment_ids))[1])
+  cfg = tiny_lm_config("--config.data.pack=True", "--config.train.n_steps=3", "--config.train.ckpt_every=3")
+  res = train_lm(cfg, tmp_path / "packed", corpus=corpus, progress=False)
+  assert np.isfinite(res.final_metrics["val_bpb"]) and len([r for r in res.history if "loss" in r]) == 3
+  assert seen[0] is True   # the first trace is the training step's
+  batch = PackedDocuments(split_documents(corpus["train"], "tinyshakespeare"), 16, 8, seed=0).batch_at(0)
+  assert batch["segment_ids"].max() > 1 and 0 < batch["mask"].mean() < 1
+  monkeypatch.setattr(TransformerLM, "__call__", original)
+  loss, _ = lm_loss(TransformerLM(cfg.model, rngs=nnx.Rngs(0)), {k: jnp.asarray(v) for k, v in batch.items()})
+  assert np.isfinite(float(loss))
+  with pytest.raises(ValueError, match="needs a body that takes segment_ids"):
+    train_lm(dataclasses.replace(cfg, model=DNCLMConfig()), tmp_path / "dnc", corpus=corpus, progress=False)

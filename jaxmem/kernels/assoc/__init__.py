@@ -16,6 +16,17 @@ Rules (``rule=``), ``β_t`` the write strength, ``γ_t ∈ [0, 1]`` the decay:
 * ``decay``: ``S_t = γ_t S_{t−1} + β_t v_t k_tᵀ`` — RetNet (Sun et al. 2023) / gated linear attention
 * ``gated_delta``: ``S_t = γ_t S_{t−1} + β_t (v_t − γ_t S_{t−1} k_t) k_tᵀ`` — Gated DeltaNet
   (Yang, Kautz & Hatamizadeh 2025, "Gated Delta Networks: Improving Mamba2 with Delta Rule")
+* ``gated_oja``: ``S_t = γ_t S_{t−1} + β_t (v_t k_tᵀ − γ_t v_t v_tᵀ S_{t−1})`` — Oja after a decay (fla's
+  ``gated_oja_rule`` with one decay per head)
+
+Grouped value heads: ``v [B, T, HV, D_v]`` with ``HV`` a multiple of the ``H`` heads of ``q, k`` (fla's
+"GVA"); value head ``j`` reads and writes with key / query head ``j // (HV / H)``; ``beta``, decays and
+the state have ``HV`` heads.
+
+Packed sequences: ``segment_ids [B, T]`` (:mod:`jaxmem.kernels.segments`): the memory empties at the first
+token of every segment but a row's first (which continues ``initial_state``), padding (id 0) writes
+nothing and reads 0. Every form does it by a decay of 0 at those tokens (``log γ = −inf``, exact in every
+form; rules without a decay run as their decaying twin, e.g. delta as gated_delta with ``γ = 1``).
 
 Forms (``mode=``; equal up to float rounding, tested). ``recurrent``: ``lax.scan`` of the literal
 update (:mod:`.recurrent`; also the inference pair :func:`init` / :func:`step`). ``parallel``:
@@ -23,20 +34,20 @@ masked quadratic form, one UT chunk for delta (:mod:`.parallel`). ``chunked``: t
 of Yang et al. 2024 (:mod:`.chunked`). ``auto``: chunked when differentiated or on accelerators,
 recurrent for a forward-only CPU call (a ``jax.custom_jvp``).
 
-========= ===== ===== ===== ===== ===========
-mode      hebb  delta oja   decay gated_delta
-========= ===== ===== ===== ===== ===========
-recurrent yes   yes   yes   yes   yes
-parallel  yes   yes   no    yes   yes
-chunked   yes   yes   yes   yes   yes
-========= ===== ===== ===== ===== ===========
+========= ===== ===== ===== ===== =========== =========
+mode      hebb  delta oja   decay gated_delta gated_oja
+========= ===== ===== ===== ===== =========== =========
+recurrent yes   yes   yes   yes   yes         yes
+parallel  yes   yes   no    yes   yes         no
+chunked   yes   yes   yes   yes   yes         yes
+========= ===== ===== ===== ===== =========== =========
 
 Decays: ``log_decay = log γ ∈ [−inf, 0]`` (e.g. ``jax.nn.log_sigmoid(z)``) or ``decay = γ ∈ [0, 1]``
 (read as ``log max(γ, 1e-30)``, :func:`log_of_decay`); values and gradients are finite on the whole
 range; concrete values outside it raise ``ValueError``.
 Stability: the erasing rules (``ERASE_RULES``) need ``0 ≤ β_t‖a_t‖² ≤ 2`` with ``a = k`` (``v`` for
-oja); concrete violations raise ``ValueError``; under ``jit`` only construction guards it
-(``normalize_keys=True`` for the delta rules; normalise ``v`` for oja).
+oja and gated_oja); concrete violations raise ``ValueError``; under ``jit`` only construction guards it
+(``normalize_keys=True`` for the delta rules; normalise ``v`` for the Oja rules).
 
 Derivations and measurements: ``jaxmem/kernels/assoc/README.md``.
 """
@@ -61,10 +72,11 @@ from jaxmem.checks import (
   shape_of,
 )
 from jaxmem.kernels.assoc.chunked import chunked_head, chunked_scan, unit_lower_inverse
-from jaxmem.kernels.assoc.common import DECAY_RULES, ERASE_RULES, MODES, RULES, acc_dtype
+from jaxmem.kernels.assoc.common import DECAY_RULES, ERASE_RULES, MODES, OJA_RULES, RULES, WITH_DECAY, acc_dtype
 from jaxmem.kernels.assoc.parallel import parallel_head
 from jaxmem.kernels.assoc.recurrent import recurrent_head, update
 from jaxmem.kernels.precision import matmul_for
+from jaxmem.kernels.segments import check_segment_ids, segment_starts
 
 _NORM_EPS = 1e-6
 # decay= values below this are read as it (log-space kernels; see log_of_decay)
@@ -130,11 +142,13 @@ def auto_forward_mode(platform: Optional[str] = None) -> str:
 
 
 @functools.partial(jax.jit, static_argnames=("rule", "mode", "chunk_size", "normalize_keys", "dot"))
-def _forward(q, k, v, beta, decay, log_decay, S0, *, rule, mode, chunk_size, normalize_keys, dot):
+def _forward(q, k, v, beta, decay, log_decay, S0, segment_ids, *, rule, mode, chunk_size, normalize_keys, dot):
   """The whole computation of :func:`associative_memory` after its checks, in one compiled program
   (defaults, broadcasts and casts included: outside ``jit`` each would compile a program of its own)."""
-  B, T, H, Dk = q.shape
-  Dv = v.shape[-1]
+  B, T, H, Dv = v.shape  # H: the value heads (HV); q and k may have a divisor of it
+  Dk = q.shape[-1]
+  if q.shape[2] != H:  # grouped value heads: key / query head j serves value heads j·g .. j·g + g − 1
+    q, k = (jnp.repeat(x, H // q.shape[2], axis=2) for x in (q, k))
   acc = acc_dtype(q, k, v)
   if S0 is not None:
     acc = jnp.promote_types(acc, S0.dtype)  # as step(): a float64 state stays float64
@@ -145,16 +159,32 @@ def _forward(q, k, v, beta, decay, log_decay, S0, *, rule, mode, chunk_size, nor
   q, k, v, S0 = (x.astype(acc) for x in (q, k, v, S0))
   if normalize_keys:
     k = l2_normalize(k)
+  if segment_ids is not None:
+    # a boundary is a decay of 0 (exact in every form); padding neither decays nor writes, and reads 0
+    start, valid = (m[..., None] for m in segment_starts(segment_ids))
+    rule = WITH_DECAY[rule]
+    logg = jnp.zeros((B, T, H), acc) if logg is None else logg
+    logg = jnp.where(start, -jnp.inf, jnp.where(valid, logg, 0.0))
+    beta = jnp.where(valid, beta, 0.0)
   if mode == "auto":
     o, S = _auto(rule, auto_forward_mode(), chunk_size, dot, q, k, v, beta, logg, S0)
   else:
     o, S = _run(rule, mode, chunk_size, dot, q, k, v, beta, logg, S0)
+  if segment_ids is not None:
+    o = jnp.where(valid[..., None], o, 0.0)
   return o.astype(o_dtype), S.astype(S_dtype)
 
 
 # ----------------------------------------------------------------------------------------
 # Public API.
 
+
+
+def check_grouped_heads(key_heads: int, value_heads: int) -> None:
+  """Grouped value heads: the ``q`` / ``k`` heads must divide the ``v`` heads (``ValueError`` otherwise)."""
+  if key_heads < 1 or value_heads % key_heads:
+    raise ValueError(f"`v` has {value_heads} heads, which the {key_heads} heads of `q` and `k` must divide "
+                     "(grouped value heads: each key head serves HV / H value heads).")
 
 
 def _as_array(x):
@@ -202,38 +232,40 @@ def _stability_slack(*dtypes) -> float:
   """Relative slack on β‖a‖² ≤ 2: the rounding of the inputs' dtype (3·eps, at least 1e-4).
 
   Keys L2-normalised in bfloat16 have ‖k‖² within a few eps of 1 (jaxmem/kernels/assoc/README.md), so
-  3·eps = 2.3% lets β = 2 pass with them.
-  """
+  3·eps = 2.3% lets β = 2 pass with them. """
   eps = max(float(jnp.finfo(d).eps) for d in dtypes if jnp.issubdtype(d, jnp.floating))
   return max(1e-4, 3.0 * eps)
 
 
-def _check_stability(rule: str, beta, k, v, normalize_keys: bool) -> None:
-  """Raises when concrete ``β_t‖a_t‖²`` leaves ``[0, 2]`` (a = k, or v for oja), or β is not finite."""
+def check_stability(rule: str, beta, k, v, normalize_keys: bool) -> None:
+  """Raises when concrete ``β_t‖a_t‖²`` leaves ``[0, 2]`` (a = k, or v for the Oja rules), or β is not finite
+  (``beta`` ``[.., H]`` or a scalar; ``k`` may have a divisor of ``H`` heads). Tracers are not checked."""
   _check_finite_values("beta", beta)
   if rule not in ERASE_RULES:
     return
-  a = v if rule == "oja" else k
+  a = v if rule in OJA_RULES else k
   if not (is_concrete(beta) and is_concrete(a)):
     return
   b = np.asarray(1.0 if beta is None else beta, np.float64)
-  if normalize_keys and rule != "oja":
+  if normalize_keys and rule not in OJA_RULES:
     sq = np.ones(shape_of(a)[:-1])
   else:
     sq = np.sum(np.square(np.asarray(a, np.float64)), axis=-1)
+  if b.ndim and sq.ndim and b.shape[-1] != sq.shape[-1]:  # grouped value heads: a key head per group
+    sq = np.repeat(sq, b.shape[-1] // sq.shape[-1], axis=-1)
   prod = b * sq
   if not np.all(np.isfinite(prod)):
-    arg = "v" if rule == "oja" else "k"
+    arg = "v" if rule in OJA_RULES else "k"
     raise ValueError(f"`{arg}` must be finite for rule {rule!r} (it sets the erase factor), got a non-finite "
                      f"value in shape {shape_of(a)}.")
   slack = _stability_slack(jnp.result_type(a), jnp.result_type(1.0 if beta is None else beta))
   if np.any(prod < -slack) or np.any(prod > 2.0 * (1.0 + slack)):
-    which, arg = ("‖v_t‖²", "v") if rule == "oja" else ("‖k_t‖²", "k")
+    which, arg = ("‖v_t‖²", "v") if rule in OJA_RULES else ("‖k_t‖²", "k")
     worst = float(prod.max()) if prod.max() > 2 else float(prod.min())
     raise ValueError(
         f"rule {rule!r} diverges unless 0 <= beta_t·{which} <= 2 for every token, got {worst:.4g} "
         f"(`beta` shape {shape_of(beta)}, `{arg}` shape {shape_of(a)}); "
-        + ("normalise the values or lower beta." if rule == "oja"
+        + ("normalise the values or lower beta." if rule in OJA_RULES
            else "pass normalize_keys=True (or L2-normalise k) and keep beta in [0, 2].")
     )
 
@@ -281,18 +313,21 @@ def associative_memory(
     return_state: bool = False,
     normalize_keys: bool = False,
     precision: Any = "highest",
+    segment_ids: Optional[jax.Array] = None,
 ):
   """Multi-head associative matrix memory (write with ``rule``, read ``o_t = S_t q_t``).
 
+  ``H`` below is the number of value heads; ``q`` and ``k`` have ``H`` heads or a divisor of ``H``
+  (grouped value heads, see the module docstring).
+
   Args:
-    q: queries ``[B, T, H, D_k]``.
-    k: keys ``[B, T, H, D_k]``.
+    q: queries ``[B, T, H, D_k]`` (or ``[B, T, H / g, D_k]``).
+    k: keys ``[B, T, H, D_k]`` (the same number of heads as ``q``).
     v: values ``[B, T, H, D_v]``.
     beta: write strengths ``[B, T, H]`` or a scalar; None means 1.
-    rule: ``"hebb" | "delta" | "oja" | "decay" | "gated_delta"`` (equations in the module
-      docstring).
-    mode: ``"auto" | "recurrent" | "parallel" | "chunked"``; ``parallel`` is not
-      available for ``oja``.
+    rule: ``"hebb" | "delta" | "oja" | "decay" | "gated_delta" | "gated_oja"`` (equations in the
+    module docstring). mode: ``"auto" | "recurrent" | "parallel" | "chunked"``; ``parallel`` is not
+      available for ``oja`` and ``gated_oja``.
     chunk_size: chunk length for ``chunked`` (and ``auto`` when it chooses chunked); any
       ``T`` works (padded internally to the next multiple of the chunk).
     decay: ``γ`` in ``[0, 1]``, ``[B, T, H]`` or a scalar; or
@@ -305,6 +340,10 @@ def associative_memory(
       rules; for ``oja`` normalise ``v`` instead, see the module docstring).
     precision: matmul precision (:mod:`jaxmem.kernels.precision`); ``"highest"`` keeps
       float32 accuracy on every platform.
+    segment_ids: ``[B, T]`` integers, packed sequences (:mod:`jaxmem.kernels.segments`): the memory
+      empties at the first token of each segment after a row's first, and padding (0) writes nothing
+      and reads 0. ``initial_state`` is the state before a row's first segment and the final state the
+      state after its last token.
 
   Returns:
     ``o [B, T, H, D_v]`` in the dtype of ``v``, and ``S_T`` if ``return_state`` (in the
@@ -312,7 +351,8 @@ def associative_memory(
 
   Raises:
     ValueError: wrong ranks or mismatched batch/length/heads/key widths; non-floating
-      ``q``, ``k``, ``v`` or ``initial_state``; bad ``rule``,
+      ``q``, ``k``, ``v`` or ``initial_state``; a number of value heads that the key heads do not
+      divide; ``segment_ids`` not ``[B, T]`` integers (or negative, when concrete); bad ``rule``,
       ``mode``, ``chunk_size``, ``precision``; ``parallel`` with ``oja``; ``decay`` /
       ``log_decay`` missing, both given, given for a rule without decay, of the wrong
       shape, or (when concrete) out of range; ``beta``/``initial_state`` of the wrong
@@ -323,20 +363,23 @@ def associative_memory(
   check_choice("mode", mode, MODES)
   chunk_size = check_positive_int("chunk_size", chunk_size)
   dot = matmul_for(precision)
-  B, T, H, Dk = check_rank("q", q, 4, "B, T, H, D_k")
+  B, T, Hq, Dk = check_rank("q", q, 4, "B, T, H, D_k")
   Bk, Tk, Hk, Dkk = check_rank("k", k, 4, "B, T, H, D_k")
-  Bv, Tv, Hv, Dv = check_rank("v", v, 4, "B, T, H, D_v")
+  Bv, Tv, H, Dv = check_rank("v", v, 4, "B, T, H, D_v")
   check_equal("batch sizes", q=B, k=Bk, v=Bv)
   check_equal("lengths", q=T, k=Tk, v=Tv)
-  check_equal("numbers of heads", q=H, k=Hk, v=Hv)
+  check_equal("numbers of heads", q=Hq, k=Hk)
+  check_grouped_heads(Hq, H)
   check_equal("key widths", q=Dk, k=Dkk)
   if T == 0:
     raise ValueError(f"`q` must have at least one time step, got shape {shape_of(q)}.")
-  if mode == "parallel" and rule == "oja":
+  if mode == "parallel" and rule in OJA_RULES:
     raise ValueError(
-        "mode='parallel' is not available for rule='oja' (no masked quadratic form); use "
+        f"mode='parallel' is not available for rule={rule!r} (no masked quadratic form); use "
         "mode='chunked' (chunk_size=T gives the one-chunk form) or 'recurrent'."
     )
+  if segment_ids is not None:
+    segment_ids = check_segment_ids(segment_ids, B, T)
   beta, decay, log_decay = _as_array(beta), _as_array(decay), _as_array(log_decay)
   if beta is not None:
     _check_shape("beta", beta, (B, T, H), "B, T, H")
@@ -348,10 +391,10 @@ def associative_memory(
           f"`initial_state` must have shape [B, H, D_v, D_k] = {(B, H, Dv, Dk)}, got {s}."
       )
   check_floating(q=q, k=k, v=v, initial_state=initial_state)
-  _check_stability(rule, beta, k, v, normalize_keys)
+  check_stability(rule, beta, k, v, normalize_keys)
 
   S0 = None if initial_state is None else _as_array(initial_state)
-  o, S = _forward(q, k, v, beta, decay, log_decay, S0, rule=rule, mode=mode, chunk_size=chunk_size,
+  o, S = _forward(q, k, v, beta, decay, log_decay, S0, segment_ids, rule=rule, mode=mode, chunk_size=chunk_size,
                   normalize_keys=bool(normalize_keys), dot=dot)
   return (o, S) if return_state else o
 
@@ -369,10 +412,10 @@ def step(state, q_t, k_t, v_t, beta_t=None, decay_t=None, *, rule: str, log_deca
 
   Args:
     state: ``S_{t−1} [B, H, D_v, D_k]``.
-    q_t, k_t: ``[B, H, D_k]``; v_t: ``[B, H, D_v]``.
-    beta_t: ``[B, H]`` or a scalar (None → 1).
-    decay_t: ``γ_t`` in ``[0, 1]``, or log_decay_t: ``log γ_t`` in ``[−inf, 0]``; ``[B, H]``
-      or a scalar; exactly one is required for ``decay``/``gated_delta``.
+    q_t, k_t: ``[B, H, D_k]`` (or ``[B, H / g, D_k]``: grouped value heads); v_t: ``[B, H, D_v]``.
+    beta_t: ``[B, H]`` or a scalar (None → 1). decay_t: ``γ_t`` in ``[0, 1]``, or log_decay_t: ``log γ_t`` in
+    ``[−inf, 0]``; ``[B, H]``
+      or a scalar; exactly one is required for ``decay`` / ``gated_delta`` / ``gated_oja``.
     rule, normalize_keys, precision: as in :func:`associative_memory`.
 
   Returns:
@@ -388,7 +431,9 @@ def step(state, q_t, k_t, v_t, beta_t=None, decay_t=None, *, rule: str, log_deca
   Bk, Hk, Dkk = check_rank("k_t", k_t, 3, "B, H, D_k")
   Bv, Hv, Dvv = check_rank("v_t", v_t, 3, "B, H, D_v")
   check_equal("batch sizes", state=B, q_t=Bq, k_t=Bk, v_t=Bv)
-  check_equal("numbers of heads", state=H, q_t=Hq, k_t=Hk, v_t=Hv)
+  check_equal("numbers of heads", state=H, v_t=Hv)
+  check_equal("numbers of heads", q_t=Hq, k_t=Hk)
+  check_grouped_heads(Hq, H)
   check_equal("key widths", state=Dk, q_t=Dq, k_t=Dkk)
   check_equal("value widths", state=Dv, v_t=Dvv)
   check_floating(state=state, q_t=q_t, k_t=k_t, v_t=v_t)
@@ -396,10 +441,12 @@ def step(state, q_t, k_t, v_t, beta_t=None, decay_t=None, *, rule: str, log_deca
   if beta_t is not None:
     _check_shape("beta_t", beta_t, (B, H), "B, H")
   _decay_args(rule, decay_t, log_decay_t, ("decay_t", "log_decay_t"), (B, H), "B, H")
-  _check_stability(rule, beta_t, k_t, v_t, normalize_keys)
+  check_stability(rule, beta_t, k_t, v_t, normalize_keys)
 
   acc = jnp.promote_types(acc_dtype(q_t, k_t, v_t), state.dtype)
   q, k, v = (x.astype(acc) for x in (q_t, k_t, v_t))
+  if Hq != H:
+    q, k = (jnp.repeat(x, H // Hq, axis=1) for x in (q, k))
   if normalize_keys:
     k = l2_normalize(k)
   b = jnp.broadcast_to(jnp.asarray(1.0 if beta_t is None else beta_t, acc), (B, H))
@@ -412,7 +459,8 @@ def step(state, q_t, k_t, v_t, beta_t=None, decay_t=None, *, rule: str, log_deca
 
 
 __all__ = [
-    "DECAY_FLOOR", "DECAY_RULES", "ERASE_RULES", "MODES", "RULES", "associative_memory",
-    "auto_forward_mode", "chunked_head", "chunked_scan", "init", "l2_normalize",
-    "log_of_decay", "parallel_head", "recurrent_head", "step", "unit_lower_inverse", "update",
+    "DECAY_FLOOR", "DECAY_RULES", "ERASE_RULES", "MODES", "OJA_RULES", "RULES", "WITH_DECAY",
+    "associative_memory", "auto_forward_mode", "check_grouped_heads", "check_stability", "chunked_head",
+    "chunked_scan", "init", "l2_normalize", "log_of_decay", "parallel_head", "recurrent_head", "step",
+    "unit_lower_inverse", "update",
 ]

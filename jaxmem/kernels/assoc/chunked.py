@@ -9,8 +9,8 @@ delta chunk (Yang et al. 2024, arXiv 2406.06484; decays as in Gated DeltaNet) is
     O = diag(G) Q S̃_0 + (tril(Q Kᵀ) ⊙ Γ) Δ,   S̃_C = G_C S̃_0 + (diag(G_C / G) K)ᵀ Δ
 
 ``Γ_ti = Π_{i<s≤t} γ_s``, ``G_t = Π_{s≤t} γ_s``; delta is ``G = 1``, decay ``W = 0``, hebb
-both. Oja is the same construction on ``S [D_v, D_k]`` with keys and values swapped as
-write-key / write-value. ``T`` not a multiple of ``C`` is padded with ``β = 0``, zero
+both. Oja (and gated_oja, Oja after a decay) is the same construction on ``S [D_v, D_k]`` with keys and
+values swapped as write-key / write-value. ``T`` not a multiple of ``C`` is padded with ``β = 0``, zero
 q/k/v, ``γ = 1``. Derivation, padding rule and measurements: ``jaxmem/kernels/assoc/README.md``.
 
 Tested: ``tests/kernels/test_assoc.py::test_every_mode_matches_numpy_loop_with_initial_state``
@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmem.checks import check_choice, check_positive_int
-from jaxmem.kernels.assoc.common import DECAY_RULES, HIGHEST, RULES, causal, decay_mask, eye, mT
+from jaxmem.kernels.assoc.common import DECAY_RULES, HIGHEST, OJA_RULES, RULES, causal, decay_mask, eye, mT
 from jaxmem.kernels.precision import Matmul
 
 # The per-chunk algebra is written on chunk-major arrays ``[N, X, C, D]`` (chunk, head,
@@ -98,8 +98,8 @@ def chunked_scan(q_BTHK, k_BTHK, v_BTHV, beta_BTH, logg_BTH, S_BHVK, *, rule: st
 
     def step(S_XAB, xs):
       q, k, v, beta, logg = (None if x is None else chunk_major(x) for x in xs)
-      if rule == "oja":
-        o_GXCV, S_XAB = _oja_chunks(q, k, v, beta, S_XAB, dot)
+      if rule in OJA_RULES:
+        o_GXCV, S_XAB = _oja_chunks(q, k, v, beta, logg if rule == "gated_oja" else None, S_XAB, dot)
       else:
         o_GXCV, S_XAB = _delta_chunks(q, k, v, beta, logg, S_XAB, rule=rule, dot=dot)
       o = jnp.moveaxis(o_GXCV.reshape((g, B, H, C, Dv)), (0, 1, 2, 3), (1, 0, 3, 2))
@@ -116,7 +116,7 @@ def chunked_scan(q_BTHK, k_BTHK, v_BTHV, beta_BTH, logg_BTH, S_BHVK, *, rule: st
     xs.append(x)
   S_XVK = S_BHVK.reshape((X, Dv, Dk))
   # oja runs on S [D_v, D_k]; the delta rules on the key×value layout S̃ = Sᵀ
-  S_XAB = S_XVK if rule == "oja" else mT(S_XVK)
+  S_XAB = S_XVK if rule in OJA_RULES else mT(S_XVK)
   L = n_full * G * C
   main = tuple(None if x is None else to_groups(x if rem == 0 else x[:, :L], n_full, G) for x in xs)
   S_XAB, o_NgBLHV = jax.lax.scan(make_step(G), S_XAB, main)
@@ -125,7 +125,7 @@ def chunked_scan(q_BTHK, k_BTHK, v_BTHV, beta_BTH, logg_BTH, S_BHVK, *, rule: st
     tail = tuple(None if x is None else (x[0, L:] if squeeze else x[:, L:]) for x in xs)
     S_XAB, o_tail = make_step(rem)(S_XAB, tail)
     o_BTHV = jnp.concatenate([o_BTHV, o_tail], axis=1)
-  S_XVK = S_XAB if rule == "oja" else mT(S_XAB)
+  S_XVK = S_XAB if rule in OJA_RULES else mT(S_XAB)
   return o_BTHV[:, :T], S_XVK.reshape((B, H, Dv, Dk))
 
 
@@ -244,20 +244,37 @@ def _delta_chunks(q_NXCK, k_NXCK, v_NXCV, beta_NXC, logg_NXC, St_XKV, *, rule: s
   return inter_NXCV + dot(scores_NXCC, D_NXCV), St_XKV
 
 
-def _oja_chunks(q_NXCK, k_NXCK, v_NXCV, beta_NXC, S_XVK, dot: Matmul):
-  """Oja chunks on ``S [X, D_v, D_k]``: the delta construction with write-key ``v``."""
+def _oja_chunks(q_NXCK, k_NXCK, v_NXCV, beta_NXC, logg_NXC, S_XVK, dot: Matmul):
+  """oja / gated_oja chunks on ``S [X, D_v, D_k]``: the (gated) delta construction with write-key ``v``.
+
+  ``S_t = γ_t (I − β_t v_t v_tᵀ) S_{t−1} + β_t v_t k_tᵀ`` (``γ = 1`` when ``logg_NXC`` is None)::
+
+      A = tril(diag(β) (V Vᵀ ⊙ Γ), −1),  T = (I + A)^{-1},  W = T diag(β G) V,  U = T diag(β) K
+      Δ = U − W S_0,   S_C = G_C S_0 + (diag(G_C / G) V)ᵀ Δ,   O = diag(G) Q S_0ᵀ + ((Q Δᵀ) ⊙ Γ) V
+  """
   C = q_NXCK.shape[2]
-  vT_NXVC = mT(v_NXCV)
-  A_NXCC = beta_NXC[..., None] * dot(v_NXCV, vT_NXVC)
+  decays = logg_NXC is not None
+  A_NXCC = beta_NXC[..., None] * dot(v_NXCV, mT(v_NXCV))
+  if decays:
+    gamma_NXCC, G_NXC, kend_NXC, gend_NX = decay_mask(logg_NXC)
+    A_NXCC = A_NXCC * gamma_NXCC
   T_NXCC = unit_lower_inverse(jnp.where(causal(C, 4, strict=True), A_NXCC, 0.0), dot)
-  W_NXCV = dot(T_NXCC, beta_NXC[..., None] * v_NXCV)
+  bv_NXCV = beta_NXC[..., None] * v_NXCV
+  W_NXCV = dot(T_NXCC, G_NXC[..., None] * bv_NXCV if decays else bv_NXCV)
   U_NXCK = dot(T_NXCC, beta_NXC[..., None] * k_NXCK)
+  vendT_NXVC = mT(kend_NXC[..., None] * v_NXCV if decays else v_NXCV)
+  if not decays:
+    gend_NX = jnp.ones(q_NXCK.shape[:2], S_XVK.dtype)
 
-  def body(S_XVK, x):  # S_{n+1} = S_n + Vᵀ (U − W S_n)
-    W_XCV, U_XCK, vT_XVC = x
+  def body(S_XVK, x):  # S_{n+1} = G_C S_n + (diag(G_C / G) V)ᵀ (U − W S_n)
+    W_XCV, U_XCK, vendT_XVC, gend_X = x
     D_XCK = U_XCK - dot(W_XCV, S_XVK)
-    return S_XVK + dot(vT_XVC, D_XCK), (S_XVK, D_XCK)
+    return gend_X[:, None, None] * S_XVK + dot(vendT_XVC, D_XCK), (S_XVK, D_XCK)
 
-  S_XVK, (S0_NXVK, D_NXCK) = jax.lax.scan(body, S_XVK, (W_NXCV, U_NXCK, vT_NXVC))
-  qd_NXCC = jnp.where(causal(C, 4), dot(q_NXCK, mT(D_NXCK)), 0.0)  # tril(Q Δᵀ)
-  return dot(q_NXCK, mT(S0_NXVK)) + dot(qd_NXCC, v_NXCV), S_XVK
+  S_XVK, (S0_NXVK, D_NXCK) = jax.lax.scan(body, S_XVK, (W_NXCV, U_NXCK, vendT_NXVC, gend_NX))
+  qd_NXCC = dot(q_NXCK, mT(D_NXCK))  # Q Δᵀ, masked by Γ (decays) or tril
+  qd_NXCC = qd_NXCC * gamma_NXCC if decays else jnp.where(causal(C, 4), qd_NXCC, 0.0)
+  inter_NXCV = dot(q_NXCK, mT(S0_NXVK))
+  if decays:
+    inter_NXCV = G_NXC[..., None] * inter_NXCV
+  return inter_NXCV + dot(qd_NXCC, v_NXCV), S_XVK

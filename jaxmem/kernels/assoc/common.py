@@ -17,11 +17,16 @@ import jax.numpy as jnp
 from jaxmem.kernels.precision import Matmul
 from jaxmem.kernels.segsum import segsum
 
-RULES = ("hebb", "delta", "oja", "decay", "gated_delta")
+RULES = ("hebb", "delta", "oja", "decay", "gated_delta", "gated_oja")
 MODES = ("auto", "recurrent", "parallel", "chunked")
-DECAY_RULES = ("decay", "gated_delta")
+DECAY_RULES = ("decay", "gated_delta", "gated_oja")
 # Rules whose update multiplies the state by (I − β a aᵀ) and so need β‖a‖² in [0, 2].
-ERASE_RULES = ("delta", "gated_delta", "oja")
+ERASE_RULES = ("delta", "gated_delta", "oja", "gated_oja")
+# Rules that erase along the value (write with key v, value k on S [D_v, D_k]): no parallel form.
+OJA_RULES = ("oja", "gated_oja")
+# Each rule with a decay added: a segment boundary is a decay of 0 (log γ = −inf) at its first token.
+WITH_DECAY = {"hebb": "decay", "delta": "gated_delta", "oja": "gated_oja",
+              "decay": "decay", "gated_delta": "gated_delta", "gated_oja": "gated_oja"}
 
 HIGHEST = Matmul()  # the default matmul of every form: float32 operands on every platform
 

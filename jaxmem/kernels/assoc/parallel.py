@@ -8,8 +8,8 @@ Per head, ``Q, K [T, D_k]``, ``V [T, D_v]``, ``β, log γ [T]``, in the key×val
 
 with ``M`` and ``G`` from segment sums of ``log γ`` (:func:`jaxmem.kernels.assoc.common.decay_mask`;
 hebb is ``γ = 1``). delta / gated_delta: the chunked UT form with one chunk spanning the sequence
-(``O(T²)`` memory, ``O(T³)`` inverse; its rounding error grows with ``T``, see the README). oja has
-no parallel form (``ValueError``).
+(``O(T²)`` memory, ``O(T³)`` inverse; its rounding error grows with ``T``, see the README). oja and
+gated_oja have no parallel form (``ValueError``).
 
 Tested: ``tests/kernels/test_assoc_numerics.py::test_parallel_head_computes_its_rule`` (against
 the recurrent form), ``test_assoc.py::test_hebb_parallel_is_causal_linear_attention``,
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from jaxmem.checks import check_choice
 from jaxmem.kernels.assoc.chunked import chunked_head
-from jaxmem.kernels.assoc.common import HIGHEST, RULES, decay_mask
+from jaxmem.kernels.assoc.common import HIGHEST, OJA_RULES, RULES, decay_mask
 from jaxmem.kernels.precision import Matmul
 
 
@@ -35,8 +35,8 @@ def parallel_head(q_TK, k_TK, v_TV, beta_T, logg_T, S_VK, *, rule: str, dot: Mat
   has none (``ValueError``). Inputs in the accumulation dtype; no argument checks.
   """
   check_choice("rule", rule, RULES)
-  if rule == "oja":
-    raise ValueError("rule='oja' has no parallel form; use chunked_head(..., chunk_size=T).")
+  if rule in OJA_RULES:
+    raise ValueError(f"rule={rule!r} has no parallel form; use chunked_head(..., chunk_size=T).")
   T = q_TK.shape[0]
   if rule in ("delta", "gated_delta"):
     return chunked_head(q_TK, k_TK, v_TV, beta_T, logg_T, S_VK, rule=rule, chunk_size=T, dot=dot)

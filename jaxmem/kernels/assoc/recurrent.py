@@ -32,7 +32,7 @@ def update(rule: str, S_VK, k_K, v_V, b, g, dot: Matmul = HIGHEST):
   if rule in ("delta", "gated_delta"):
     err_V = v_V - dot(S_VK, k_K)  # gated: S already decayed, i.e. v − γ S_{t−1} k
     return S_VK + b * (err_V[:, None] * k_K[None, :])
-  # oja: S + β (v kᵀ − v (vᵀ S))
+  # oja / gated_oja (S already decayed): S + β (v kᵀ − v (vᵀ S))
   return S_VK + b * (v_V[:, None] * (k_K - dot(v_V, S_VK))[None, :])
 
 

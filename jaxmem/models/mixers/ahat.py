@@ -79,14 +79,16 @@ class AHATAttention(QKVMixer):
   parameters.
   """
 
-  def kernel(self, q, k, v):
-    return self._attend(q, k, v)
+  def kernel(self, q, k, v, *, segment_ids=None):
+    return self._attend(q, k, v, segment_ids=segment_ids)
 
-  def _attend(self, q, k, v, q_offset=None):
+  def _attend(self, q, k, v, q_offset=None, segment_ids=None):
     c = self.cfg
     if c.beta is None:
-      return ahat_attention(q, k, v, causal=True, tol=c.tol, precision=c.precision, q_offset=q_offset)
-    return soft_attention(q, k, v, beta=c.beta, causal=True, precision=c.precision, q_offset=q_offset)
+      return ahat_attention(q, k, v, causal=True, tol=c.tol, precision=c.precision, q_offset=q_offset,
+                            segment_ids=segment_ids)
+    return soft_attention(q, k, v, beta=c.beta, causal=True, precision=c.precision, q_offset=q_offset,
+                          segment_ids=segment_ids)
 
   def kernel_init(self, batch_size: int, max_len: int) -> dict:
     """The KV cache ``{"k", "v": [B, max_len, H, D/H], "length": [B] int32}``."""

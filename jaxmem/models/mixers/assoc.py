@@ -23,7 +23,15 @@ import jax
 import jax.numpy as jnp
 
 from jaxmem.checks import check_config_ints
-from jaxmem.kernels.assoc import DECAY_RULES, ERASE_RULES, MODES, RULES, associative_memory, l2_normalize
+from jaxmem.kernels.assoc import (
+  DECAY_RULES,
+  ERASE_RULES,
+  MODES,
+  OJA_RULES,
+  RULES,
+  associative_memory,
+  l2_normalize,
+)
 from jaxmem.kernels.assoc import init as memory_init
 from jaxmem.kernels.feature_maps import FEATURE_MAPS, feature_map, feature_width
 from jaxmem.kernels.precision import PRECISIONS
@@ -35,12 +43,12 @@ from jaxmem.sharding import STATE_BHKV
 @dataclasses.dataclass(frozen=True)
 class AssocConfig(MixerConfig):
   """Attributes:
-    rule: "hebb", "delta", "oja", "decay" or "gated_delta" (:data:`jaxmem.kernels.assoc.RULES`).
+    rule: "hebb", "delta", "oja", "decay", "gated_delta" or "gated_oja" (:data:`jaxmem.kernels.assoc.RULES`).
     feature_map: key/query map ``φ`` (:data:`jaxmem.kernels.feature_maps.FEATURE_MAPS`:
       "identity", "elu1", "dpfp1", "dpfp2"; the DPFP maps widen the keys to 2× / 4× the head width).
     key_norm: L2-normalise the vector the update erases along (keys; values for oja), so
       that β‖k‖² < 1 and the delta/Oja recurrences cannot diverge whatever the weights.
-      None (default) means on for the erasing rules "delta", "oja", "gated_delta" and off
+      None (default) means on for the erasing rules "delta", "oja", "gated_delta", "gated_oja" and off
       for "hebb"/"decay"; False is the raw rule (opt-out: with large weights the state can
       then grow geometrically, which under ``jit`` no check can catch — the training loop
       stops on the first non-finite loss).
@@ -49,6 +57,8 @@ class AssocConfig(MixerConfig):
       platform, the default) or a faster one such as "default" (bf16 passes on TPU, TF32 on
       GPU); see :mod:`jaxmem.kernels.precision`.
     short_conv: as in :class:`~jaxmem.models.mixers.softmax.SoftmaxConfig`.
+    n_qk_heads: query/key heads (grouped value heads, fla's GVA: each serves ``n_heads / n_qk_heads`` value
+      heads, each of which keeps its own memory); 0 means ``n_heads``.
   """
 
   name: str = dataclasses.field(default="assoc", init=False)
@@ -59,20 +69,23 @@ class AssocConfig(MixerConfig):
   chunk_size: int = 64
   precision: str = "highest"
   short_conv: int = 0
+  n_qk_heads: int = 0
 
   def state_floats(self, *, d_model: int, n_heads: int, seq_len: int) -> int:
     """One ``D_v × D_k`` matrix per head, ``H·(d_model/H)²`` (feature maps that widen keys widen ``D_k``),
     plus the short convolution's last ``K − 1`` inputs."""
     d = d_model // n_heads
-    return n_heads * d * feature_width(self.feature_map, d) + qkv_state_floats(self, d_model)
+    return n_heads * d * feature_width(self.feature_map, d) + qkv_state_floats(self, d_model, n_heads)
 
   @classmethod
   def examples(cls) -> tuple:
-    return (cls(), cls(rule="gated_delta", short_conv=3, chunk_size=4), cls(rule="oja", feature_map="dpfp1"))
+    return (cls(), cls(rule="gated_delta", short_conv=3, chunk_size=4, n_qk_heads=1),
+            cls(rule="oja", feature_map="dpfp1"))
 
   def __post_init__(self):
     check_short_conv(self)
     check_config_ints(self, ("chunk_size",))
+    check_config_ints(self, ("n_qk_heads",), allow_zero=True)
     if self.rule not in RULES:
       raise ValueError(f"AssocConfig.rule must be one of {list(RULES)}, got {self.rule!r}.")
     if self.mode not in MODES:
@@ -80,9 +93,9 @@ class AssocConfig(MixerConfig):
     if not isinstance(self.precision, str) or self.precision.lower() not in PRECISIONS:
       raise ValueError(
           f"AssocConfig.precision must be one of {list(PRECISIONS)}, got {self.precision!r}.")
-    if self.rule == "oja" and self.mode == "parallel":
+    if self.rule in OJA_RULES and self.mode == "parallel":
       raise ValueError(
-          "AssocConfig: rule='oja' has no parallel form; use mode='chunked', 'recurrent' or 'auto'.")
+          f"AssocConfig: rule={self.rule!r} has no parallel form; use mode='chunked', 'recurrent' or 'auto'.")
     if self.key_norm is not None and not isinstance(self.key_norm, bool):
       raise ValueError(f"AssocConfig.key_norm must be None, True or False, got {self.key_norm!r}.")
     if self.feature_map not in FEATURE_MAPS:
@@ -121,18 +134,19 @@ class AssociativeMemory(QKVMixer):
     phi = feature_map(cfg.feature_map)
     q, k = phi(q), phi(k)
     if cfg.normalizes_erase:
-      if cfg.rule == "oja":
+      if cfg.rule in OJA_RULES:
         v = l2_normalize(v)
       else:
         k = l2_normalize(k)
     return q, k, v
 
-  def kernel(self, q, k, v, *, beta, log_decay):
+  def kernel(self, q, k, v, *, beta, log_decay, segment_ids=None):
     """The read ``o_t = S_t φ(q_t)`` ``[B, T, H, D_v]`` of the memory written by the rule from ``S_0 = 0``
-    (:func:`jaxmem.kernels.assoc.associative_memory` in the configured ``mode``)."""
+    (:func:`jaxmem.kernels.assoc.associative_memory` in the configured ``mode``), emptied at each segment."""
     cfg = self.cfg
     return associative_memory(*self._features(q, k, v), beta, rule=cfg.rule, mode=cfg.mode,
-                              chunk_size=cfg.chunk_size, log_decay=log_decay, precision=cfg.precision)
+                              chunk_size=cfg.chunk_size, log_decay=log_decay, precision=cfg.precision,
+                              segment_ids=segment_ids)
 
   def kernel_init(self, batch_size: int, max_len: int) -> jax.Array:
     """The empty memory ``S_0 = 0`` ``[batch_size, H, D_v, D_k]`` in float32 (``D_k`` the feature width:

@@ -134,9 +134,10 @@ class MatrixStateMixer(Mixer):
     self.gate = nnx.data(linear(d_model, d_model, ("embed", "embed"), dtype=dt, rngs=rngs) if cfg.output_gate
                          else None)
 
-  def __call__(self, x_BTD: jax.Array) -> jax.Array:
-    """``y [B, T, d_model]`` from the all-zero state."""
-    return self.scan(None, x_BTD)[1]
+  def __call__(self, x_BTD: jax.Array, segment_ids=None) -> jax.Array:
+    """``y [B, T, d_model]`` from the all-zero state; packed sequences with ``segment_ids [B, T]`` (the state
+    empties at each segment, :mod:`jaxmem.kernels.segments`)."""
+    return self._sequence(None, x_BTD, segment_ids)[1]
 
   def init_state(self, batch_size: int, max_len: int) -> jax.Array:
     """The all-zero state ``S_0 [B, H, S, S]`` (float32; its size does not grow with ``max_len``)."""
@@ -146,6 +147,9 @@ class MatrixStateMixer(Mixer):
     """The sequence form from a given state: ``(S_0 [B, H, S, S] or None for zeros, x [B, T, d_model]) ->
     (S_T, y [B, T, d_model])``, by the kernel's chunked / parallel forms (``cfg.mode``); :meth:`step`
     applied token by token gives the same."""
+    return self._sequence(state, x_BTD, None)
+
+  def _sequence(self, state, x_BTD: jax.Array, segment_ids) -> tuple:
     B, T, _ = x_BTD.shape
     H, S, cfg = self.n_heads, self.state_dim, self.cfg
     parts = jnp.tanh(self.proj(x_BTD)).reshape(B, T, self.n_proj, H, S)
@@ -156,14 +160,14 @@ class MatrixStateMixer(Mixer):
     if self.rho_bias is not None:
       z = z.reshape(B, T, H, S) + self.rho_bias[...].reshape(1, 1, H, 1)
     log_rho = jax.nn.log_sigmoid(z)
-    def kernel(q, k, v, log_rho, d, mix, initial_state):
+    def kernel(q, k, v, log_rho, d, mix, initial_state, segment_ids):
       return ms.matrix_state(q, k, v, log_rho=log_rho, d=d, mix=mix, mode=cfg.mode, chunk_size=cfg.chunk_size,
                              spectral_norm=cfg.spectral_norm, precision=cfg.precision,
-                             initial_state=initial_state, return_state=True)
+                             initial_state=initial_state, return_state=True, segment_ids=segment_ids)
     # per device: its own batch rows and heads (jaxmem.sharding.map_heads), when a mesh is set
-    o, S_T = map_heads(kernel, (q, k, v, log_rho, d, mix, state),
+    o, S_T = map_heads(kernel, (q, k, v, log_rho, d, mix, state, segment_ids),
                        (HEADS_BTHK,) * 3 + (HEADS_BTH if log_rho.ndim == 3 else HEADS_BTHK, HEADS_BTHK,
-                                            ("heads", None), STATE_BHKV),
+                                            ("heads", None), STATE_BHKV, ("batch", "length")),
                        (HEADS_BTHK, STATE_BHKV))
     y = self.out(constrain_heads(o).reshape(B, T, H * S))
     if self.gate is not None:

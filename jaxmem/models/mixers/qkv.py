@@ -10,6 +10,7 @@ class runs the kernel per device under :func:`jaxmem.sharding.map_heads`.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import jax
@@ -26,11 +27,24 @@ def check_short_conv(cfg) -> None:
   check_config_ints(cfg, ("short_conv",), allow_zero=True)
 
 
-def qkv_state_floats(cfg, d_model: int) -> int:
-  """What a :class:`QKVMixer`'s short convolution carries between tokens: the last ``K − 1`` of its
-  ``3·d_model`` input channels (0 without one)."""
+def qkv_heads(cfg, n_heads: int) -> tuple:
+  """``(H_q, H_k, H_v)``, the heads of ``q``, ``k`` and ``v``: ``n_heads`` each, except grouped heads —
+  ``cfg.n_kv_heads`` (grouped-query attention: fewer key/value heads, each serving ``n_heads / n_kv_heads``
+  query heads) or ``cfg.n_qk_heads`` (grouped value heads: fewer query/key heads, each serving
+  ``n_heads / n_qk_heads`` value heads, fla's GVA); 0 means ``n_heads``. ``ValueError`` unless they divide
+  ``n_heads``."""
+  kv, qk = getattr(cfg, "n_kv_heads", 0) or n_heads, getattr(cfg, "n_qk_heads", 0) or n_heads
+  for name, h in (("n_kv_heads", kv), ("n_qk_heads", qk)):
+    if n_heads % h:
+      raise ValueError(f"{type(cfg).__name__}.{name}={h} must divide n_heads={n_heads}.")
+  return qk, min(kv, qk), kv
+
+
+def qkv_state_floats(cfg, d_model: int, n_heads: int = 1) -> int:
+  """What a :class:`QKVMixer`'s short convolution carries between tokens: the last ``K − 1`` of its input
+  channels (``(H_q + H_k + H_v)·d_model / n_heads``; 0 without one)."""
   K = getattr(cfg, "short_conv", 0)
-  return (K - 1) * 3 * d_model if K else 0
+  return (K - 1) * sum(qkv_heads(cfg, n_heads)) * (d_model // n_heads) if K else 0
 
 
 def gate_projection(d_model: int, width: int, bias, *, dtype, rngs: nnx.Rngs,
@@ -62,33 +76,43 @@ class QKVMixer(Mixer):
       raise ValueError(f"n_heads={n_heads} must divide d_model={d_model}.")
     self.cfg = cfg
     self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+    self.n_q_heads, self.n_k_heads, self.n_v_heads = qkv_heads(cfg, n_heads)
+    width = (self.n_q_heads + self.n_k_heads + self.n_v_heads) * self.head_dim
     dt = jnp.dtype(dtype)
-    self.qkv = linear(d_model, 3 * d_model, ("embed", "heads"), use_bias=False, dtype=dt, rngs=rngs)
+    self.qkv = linear(d_model, width, ("embed", "heads"), use_bias=False, dtype=dt, rngs=rngs)
     self.out = linear(d_model, d_model, ("heads", "embed"), use_bias=False, dtype=dt, rngs=rngs,
                       kernel_init=nnx.initializers.normal(0.02 / (2 * n_layers) ** 0.5))
-    self.conv = nnx.data(CausalConv(cfg.short_conv, 3 * d_model, rngs=rngs) if cfg.short_conv else None)
+    self.conv = nnx.data(CausalConv(cfg.short_conv, width, rngs=rngs) if cfg.short_conv else None)
 
   def gate(self, width: int, bias, rngs: nnx.Rngs, axis: str | None = "heads") -> nnx.Linear:
     return gate_projection(self.d_model, width, bias, dtype=self.qkv.dtype, rngs=rngs, axis=axis)
 
-  def heads(self, x_BTD: jax.Array):
-    """``(q, k, v)``, each ``[B, T, H, D/H]`` (heads over the mesh's ``model`` axis when one is set)."""
+  def heads(self, x_BTD: jax.Array, segment_ids=None):
+    """``(q, k, v)``, each ``[B, T, H, D/H]`` (heads over the mesh's ``model`` axis when one is set); the short
+    convolution stays inside each segment of ``segment_ids``."""
     B, T, _ = x_BTD.shape
     qkv = self.qkv(x_BTD)
     if self.conv is not None:
-      qkv = self.conv(qkv)
-    qkv = qkv.reshape(B, T, 3, self.n_heads, self.head_dim)
-    return constrain_heads(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+      qkv = self.conv(qkv, segment_ids)
+    return constrain_heads(*self._split(qkv))
+
+  def _split(self, qkv_BTW: jax.Array) -> tuple:
+    """The projection's output ``[B, T, (H_q + H_k + H_v)·K]`` as ``q, k, v [B, T, H_·, K]``."""
+    B, T, _ = qkv_BTW.shape
+    hq, hk = self.n_q_heads * self.head_dim, self.n_k_heads * self.head_dim
+    parts = (qkv_BTW[..., :hq], qkv_BTW[..., hq:hq + hk], qkv_BTW[..., hq + hk:])
+    return tuple(p.reshape(B, T, -1, self.head_dim) for p in parts)
 
   def gates(self, x_BTD: jax.Array) -> dict:
     """The kernel's keyword inputs computed from parameters: ``name -> [B, T, H]`` (one per head),
     ``[B, T, H, C]`` (``C`` per head) or None (the input is off). No gates by default (``{}``)."""
     return {}
 
-  def kernel(self, q_BTHK, k_BTHK, v_BTHK, **gates) -> jax.Array:
+  def kernel(self, q_BTHK, k_BTHK, v_BTHK, *, segment_ids=None, **gates) -> jax.Array:
     """The read ``o [B, T, H, K_v]``: arithmetic only, on any block of batch rows and heads (under a mesh it
     sees one device's), so it reads no parameter (those go through :meth:`gates`) and never mixes heads or
-    batch rows."""
+    batch rows. ``segment_ids [B, T]`` (or None): packed sequences, nothing crosses a segment boundary
+    (:mod:`jaxmem.kernels.segments`)."""
     raise NotImplementedError(f"{type(self).__name__} does not implement the per-head kernel.")
 
   # -- decoding: the base class carries the short convolution's tail, a subclass the kernel's own state ------
@@ -137,8 +161,7 @@ class QKVMixer(Mixer):
     conv = state["conv"]
     if self.conv is not None:
       conv, qkv = self.conv.scan(conv, qkv)
-    qkv = qkv.reshape(B, T, 3, self.n_heads, self.head_dim)
-    q, k, v = constrain_heads(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+    q, k, v = constrain_heads(*self._split(qkv))
     gates = self.gates(x_BTD)
     kstate = state["kernel"]
     leaves, treedef = jax.tree.flatten(kstate)
@@ -160,19 +183,29 @@ class QKVMixer(Mixer):
     state, y = self.scan(state, x_BD[:, None])
     return state, y[:, 0]
 
-  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+  def __call__(self, x_BTD: jax.Array, segment_ids=None) -> jax.Array:
     B, T, _ = x_BTD.shape
-    q, k, v = self.heads(x_BTD)
+    if segment_ids is not None and "segment_ids" not in inspect.signature(self.kernel).parameters:
+      raise ValueError(f"{type(self).__name__}.kernel takes no `segment_ids`: this mixer cannot read packed "
+                       "sequences.")
+    q, k, v = self.heads(x_BTD, segment_ids)
     gates = self.gates(x_BTD)
     names = tuple(gates)
-    fn = lambda q, k, v, *g: self.kernel(q, k, v, **dict(zip(names, g, strict=True)))
-    axes = (HEADS_BTHK,) * 3 + tuple(_gate_axes(n, g) for n, g in gates.items())
+
+    def fn(q, k, v, segment_ids, *g):
+      gates = dict(zip(names, g, strict=True))
+      if segment_ids is None:  # a kernel written before packed sequences need not take them
+        return self.kernel(q, k, v, **gates)
+      return self.kernel(q, k, v, segment_ids=segment_ids, **gates)
+
+    axes = (HEADS_BTHK,) * 3 + (SEGMENTS_BT,) + tuple(_gate_axes(n, g) for n, g in gates.items())
     # per device: its own batch rows and heads (jaxmem.sharding.map_heads), when a mesh is set
-    o_BTHK = constrain_heads(map_heads(fn, (q, k, v, *gates.values()), axes, HEADS_BTHK))
+    o_BTHK = constrain_heads(map_heads(fn, (q, k, v, segment_ids, *gates.values()), axes, HEADS_BTHK))
     return self.out(o_BTHK.reshape(B, T, self.d_model))
 
 
 KV_BLHK = ("batch", None, "heads", "head_dim")   # a KV cache: rows and heads split, positions not
+SEGMENTS_BT = ("batch", "length")                # segment ids: split with the batch rows
 
 
 def _gate_axes(name: str, g):

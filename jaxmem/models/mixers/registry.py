@@ -61,7 +61,9 @@ class Mixer(nnx.Module):
 
   The contract (checked for every registered name by ``tests/models/test_mixer_contract.py``):
 
-  * ``__call__(x_BTD) -> y_BTD``, causal (output ``t`` depends on inputs ``≤ t`` only), the dtype of ``x``;
+  * ``__call__(x_BTD) -> y_BTD``, causal (output ``t`` depends on inputs ``≤ t`` only), the dtype of ``x``; and
+    ``__call__(x_BTD, segment_ids)`` for packed sequences (``[B, T]`` integers, :mod:`jaxmem.kernels.segments`):
+    each document's outputs are the ones it gets alone;
   * every parameter carries logical axes (:func:`jaxmem.sharding.with_axes` / :func:`jaxmem.sharding.param`),
     from which its mesh layout and its weight decay (:func:`jaxmem.sharding.decays`) derive;
   * its per-head kernel runs through :func:`jaxmem.sharding.map_heads`, so that under a mesh each device

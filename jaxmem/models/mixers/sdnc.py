@@ -55,8 +55,8 @@ class SDNCConfig(MixerConfig):
 
 
 class SDNCRead(QKVMixer):
-  def kernel(self, q, k, v):
-    return sdnc_attention(q, k, v)
+  def kernel(self, q, k, v, *, segment_ids=None):
+    return sdnc_attention(q, k, v, segment_ids=segment_ids)
 
   def kernel_init(self, batch_size: int, max_len: int) -> dict:
     """The memory ``{"k", "v": [B, max_len, H, D/H], "length": [B] int32}`` (a KV cache)."""
@@ -126,10 +126,10 @@ class SDNCHybrid(QKVMixer):
         "read_modes": None if self.read_modes is None else self.read_modes(x_BTD).reshape(B, T, H, 3),
     }
 
-  def kernel(self, q, k, v, **gates):
+  def kernel(self, q, k, v, *, segment_ids=None, **gates):
     if not self.cfg.any:
-      return softmax_attention(q, k, v, causal=True)
-    return sdnc_hybrid_attention(q, k, v, **gates)
+      return softmax_attention(q, k, v, causal=True, segment_ids=segment_ids)
+    return sdnc_hybrid_attention(q, k, v, segment_ids=segment_ids, **gates)
 
   def kernel_init(self, batch_size: int, max_len: int) -> dict:
     """The KV cache ``{"k", "v": [B, max_len, H, D/H], "length": [B] int32}``, with ``"presence" [B, max_len,

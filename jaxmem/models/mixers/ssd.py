@@ -216,7 +216,7 @@ class Mamba2(Mixer):
 
   # -- the sequence, from the zero state or a given one ---------------------------------------
 
-  def _sequence(self, x_BTD: jax.Array, tail, h0) -> tuple:
+  def _sequence(self, x_BTD: jax.Array, tail, h0, segment_ids=None) -> tuple:
     """The block on ``x [batch, T, d_model]`` from a state: ``tail`` the convolution's last ``d_conv − 1``
     inputs ``[batch, d_conv − 1, d_inner + 2·G·N]`` and ``h0`` the SSM state ``[batch, H, P, N]`` (None: zeros,
     the sequence call). Returns ``(tail after the last token or None when None came in, h_T, y [batch, T,
@@ -233,11 +233,14 @@ class Mamba2(Mixer):
       tails = (None, None, None)
     else:
       tails = (tail[..., :d_inner], tail[..., d_inner:d_inner + GN], tail[..., d_inner + GN:])
-    tail_u, u = self.conv_x.scan(tails[0], u)
+    if segment_ids is None:
+      tail_u, u = self.conv_x.scan(tails[0], u)
+      tail_B, B = self.conv_B.scan(tails[1], B)
+      tail_C, C = self.conv_C.scan(tails[2], C)
+    else:  # packed sequences from the zero state (the sequence call)
+      u, B, C = self.conv_x(u, segment_ids), self.conv_B(B, segment_ids), self.conv_C(C, segment_ids)
     u = jax.nn.silu(u)
-    tail_B, B = self.conv_B.scan(tails[1], B)
     B = jax.nn.silu(B)
-    tail_C, C = self.conv_C.scan(tails[2], C)
     B, C = self._groups(B, jax.nn.silu(C))
     dt, A = self._ssm_params(dt_raw)
     u = constrain_heads(u.reshape(nb, T, H, P))
@@ -250,22 +253,24 @@ class Mamba2(Mixer):
       bc_axes = HEADS_BTHK
     mode = "recurrent" if T == 1 else cfg.mode
 
-    def kernel(u, dt, A, B, C, D, h0):
+    def kernel(u, dt, A, B, C, D, h0, segment_ids):
       return ssd_kernel.ssd(u, dt, A, B, C, D, mode=mode, chunk_size=cfg.chunk_size, initial_state=h0,
-                            return_state=True, precision=cfg.precision)
+                            return_state=True, precision=cfg.precision, segment_ids=segment_ids)
 
     # per device: its own batch rows and heads (jaxmem.sharding.map_heads), when a mesh is set
-    y, h = map_heads(kernel, (u, dt, A, B, C, self.D[...], h0),
-                     (HEADS_BTHK, HEADS_BTH, ("heads",), bc_axes, bc_axes, ("heads",), STATE_BHPN),
+    y, h = map_heads(kernel, (u, dt, A, B, C, self.D[...], h0, segment_ids),
+                     (HEADS_BTHK, HEADS_BTH, ("heads",), bc_axes, bc_axes, ("heads",), STATE_BHPN,
+                      ("batch", "length")),
                      (HEADS_BTHK, STATE_BHPN))
     y = constrain_heads(y).reshape(nb, T, d_inner)
     if tail is not None:
       tail = jnp.concatenate([tail_u, tail_B, tail_C], axis=-1).astype(tail.dtype)
     return tail, h, self._gated_norm_out(y, z).astype(x_BTD.dtype)
 
-  def __call__(self, x_BTD: jax.Array) -> jax.Array:
-    """The block on the sequence from the zero state: ``[batch, T, d_model] -> [batch, T, d_model]``."""
-    return self._sequence(x_BTD, None, None)[2]
+  def __call__(self, x_BTD: jax.Array, segment_ids=None) -> jax.Array:
+    """The block on the sequence from the zero state: ``[batch, T, d_model] -> [batch, T, d_model]``; packed
+    sequences with ``segment_ids [batch, T]`` (the convolutions and the state restart at each segment)."""
+    return self._sequence(x_BTD, None, None, segment_ids)[2]
 
   # -- decoding -------------------------------------------------------------------------------
 

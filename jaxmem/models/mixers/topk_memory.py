@@ -65,8 +65,9 @@ class TopKMemory(QKVMixer):
     self.read_gate = nnx.data(linear(d_model, d_model, ("embed", "heads"), dtype=self.qkv.dtype, rngs=rngs)
                               if cfg.gated else None)
 
-  def kernel(self, q, k, v):
-    return topk_memory_read(q, k, v, top_k=self.cfg.top_k, temperature=self.cfg.temperature)
+  def kernel(self, q, k, v, *, segment_ids=None):
+    return topk_memory_read(q, k, v, top_k=self.cfg.top_k, temperature=self.cfg.temperature,
+                            segment_ids=segment_ids)
 
   def kernel_init(self, batch_size: int, max_len: int) -> dict:
     """The memory ``{"k", "v": [B, max_len, H, D/H], "length": [B] int32}`` (a KV cache)."""
@@ -80,8 +81,8 @@ class TopKMemory(QKVMixer):
   def _gate(self, y: jax.Array, x_BTD: jax.Array) -> jax.Array:
     return y if self.read_gate is None else y * jax.nn.sigmoid(self.read_gate(x_BTD))
 
-  def __call__(self, x_BTD: jax.Array) -> jax.Array:
-    return self._gate(super().__call__(x_BTD), x_BTD)
+  def __call__(self, x_BTD: jax.Array, segment_ids=None) -> jax.Array:
+    return self._gate(super().__call__(x_BTD, segment_ids), x_BTD)
 
   def scan(self, state: dict, x_BTD: jax.Array) -> tuple:
     state, y = super().scan(state, x_BTD)   # (step is scan on one token)

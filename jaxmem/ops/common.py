@@ -1,0 +1,188 @@
+"""What the fla-named ops share: fla's layouts, gates and varlen forms mapped onto
+:func:`jaxmem.kernels.assoc.associative_memory`.
+
+fla (flash-linear-attention) layouts: ``q, k [B, T, H, K]``, ``v [B, T, HV, V]`` (``HV`` a multiple of ``H``),
+per-token gates ``[B, T, HV]``, the state ``h [N, HV, K, V]`` ("key-first"; ``state_v_first=True`` is ``[N, HV,
+V, K]``, jaxmem's own layout). Varlen: ``cu_seqlens [N + 1]`` with ``B = 1`` (sequence ``n`` is tokens
+``cu_seqlens[n]:cu_seqlens[n + 1]``, with its own ``initial_state[n]`` and final state), or jaxmem's
+``segment_ids [B, T]`` (:mod:`jaxmem.kernels.segments`; ``initial_state`` and the final state per row).
+
+How a call runs: the checks (shapes, dtypes and, for concrete inputs, the stability of the erasing rules), then
+one compiled program: gates, ``q·scale``, L2 norms, and the kernel in the op's form (``chunk_*`` → ``chunked``,
+``fused_recurrent_*`` → ``recurrent``). ``cu_seqlens`` without states is the packed row itself with a segment
+per sequence; with ``initial_state`` or ``output_final_state`` the sequences are laid out as ``N`` rows of the
+longest one's length (the longest measured when ``cu_seqlens`` is concrete, ``T`` under ``jit``), run as a
+batch, and put back.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmem.checks import (
+  check_equal,
+  check_finite_number,
+  check_floating,
+  check_positive_int,
+  check_rank,
+  is_concrete,
+  shape_of,
+)
+from jaxmem.kernels.assoc import (
+  DECAY_RULES,
+  ERASE_RULES,
+  associative_memory,
+  check_grouped_heads,
+  check_stability,
+  l2_normalize,
+)
+from jaxmem.kernels.segments import check_cu_seqlens, check_segment_ids, cu_seqlens_to_segment_ids
+
+FORMS = {"chunk": "chunked", "fused_recurrent": "recurrent"}
+
+
+def check_gate(name: str, x, shape: tuple, layout: str) -> None:
+  if x is None:
+    return
+  if shape_of(x) != shape:
+    raise ValueError(f"`{name}` must have shape [{layout}] = {shape}, got {shape_of(x)}.")
+  check_floating(**{name: x})
+
+
+def check_head_vector(name: str, x, HV: int) -> None:
+  if x is not None and shape_of(x) != (HV,):
+    raise ValueError(f"`{name}` must have shape [HV] = {(HV,)} (one value per value head), got {shape_of(x)}.")
+  check_floating(**{name: x})
+
+
+def gdn_gate(g, A_log, dt_bias):
+  """Gated DeltaNet's decay in log space, ``−exp(A_log) · softplus(g + dt_bias)`` (fla's
+  ``use_gate_in_kernel``), in float32."""
+  g = g.astype(jnp.promote_types(g.dtype, jnp.float32))
+  per_head = lambda x: x.astype(g.dtype).reshape((1,) * (g.ndim - 1) + (-1,))  # [HV] against [..., HV]
+  if dt_bias is not None:
+    g = g + per_head(dt_bias)
+  return -jnp.exp(per_head(A_log)) * jax.nn.softplus(g)
+
+
+def run(rule: str, form: str, q, k, v, *, beta=None, g=None, scale: Optional[float] = None,
+        initial_state=None, output_final_state: bool = False, cu_seqlens=None, segment_ids=None,
+        chunk_size: int = 64, state_v_first: bool = False, q_l2norm: bool = False, k_l2norm: bool = False,
+        beta_sigmoid: bool = False, beta_max: float = 1.0, A_log=None, dt_bias=None, extra_v=None,
+        op: str = "op"):
+  """One fla-named op: ``(o [B, T, HV, V], final state or None)``; see the module docstring.
+
+  ``g``: log-decay ``[B, T, HV]`` (the raw gate with ``A_log``, see :func:`gdn_gate`); ``beta`` ``[B, T, HV]``
+  (logits when ``beta_sigmoid``: ``β = beta_max · σ(beta)``); ``extra_v``: a value column appended to every
+  value head inside the program (linear attention's normaliser), returned as part of ``o`` and the state.
+  """
+  if form not in FORMS:
+    raise ValueError(f"form must be one of {list(FORMS)}, got {form!r}.")
+  B, T, H, K = check_rank("q", q, 4, "B, T, H, K")
+  Bk, Tk, Hk, Kk = check_rank("k", k, 4, "B, T, H, K")
+  Bv, Tv, HV, V = check_rank("v", v, 4, "B, T, HV, V")
+  check_equal("batch sizes", q=B, k=Bk, v=Bv)
+  check_equal("lengths", q=T, k=Tk, v=Tv)
+  check_equal("numbers of heads", q=H, k=Hk)
+  check_equal("key widths", q=K, k=Kk)
+  check_grouped_heads(H, HV)
+  check_floating(q=q, k=k, v=v, initial_state=initial_state)
+  if T == 0:
+    raise ValueError(f"`q` must have at least one time step, got shape {shape_of(q)}.")
+  chunk_size = check_positive_int("chunk_size", chunk_size)
+  scale = K ** -0.5 if scale is None else check_finite_number("scale", scale)
+  check_gate("beta", beta, (B, T, HV), "B, T, HV")
+  check_gate("g", g, (B, T, HV), "B, T, HV")
+  check_head_vector("A_log", A_log, HV)
+  check_head_vector("dt_bias", dt_bias, HV)
+
+  if cu_seqlens is not None and segment_ids is not None:
+    raise ValueError("pass `cu_seqlens` (fla's varlen form, B = 1) or `segment_ids` [B, T], not both.")
+  N = B
+  if cu_seqlens is not None:
+    if B != 1:
+      raise ValueError(f"with `cu_seqlens` the batch size must be 1 (sequences packed along T), got B = {B}; "
+                       "flatten the batch, or pass `segment_ids` [B, T] instead.")
+    check_cu_seqlens(cu_seqlens, T)
+    N = shape_of(cu_seqlens)[0] - 1
+  if segment_ids is not None:
+    segment_ids = check_segment_ids(segment_ids, B, T)
+  Vs = V + (extra_v is not None)  # the state's value width (the appended channel included)
+  state_shape = (N, HV, Vs, K) if state_v_first else (N, HV, K, Vs)
+  if initial_state is not None and shape_of(initial_state) != state_shape:
+    what = "N sequences" if cu_seqlens is not None else "B rows"
+    raise ValueError(f"`initial_state` must have shape [N, HV, {'V, K' if state_v_first else 'K, V'}] = "
+                     f"{state_shape} ({what}), got {shape_of(initial_state)}.")
+  if rule in DECAY_RULES and g is None:
+    raise ValueError(f"{op} needs the decay `g` [B, T, HV] (log space).")
+  # concrete inputs: the erasing rules' stability, β‖a‖² in [0, 2] (a = k, or v for Oja), on what the kernel
+  # sees
+  if rule in ERASE_RULES:
+    b = beta
+    if beta_sigmoid and is_concrete(beta):
+      b = beta_max / (1.0 + np.exp(-np.asarray(beta, np.float64)))
+    check_stability(rule, b, k, v, k_l2norm)
+
+  relayout = cu_seqlens is not None and (initial_state is not None or output_final_state)
+  t_max = T
+  if relayout and is_concrete(cu_seqlens):
+    t_max = max(1, int(np.max(np.diff(np.asarray(cu_seqlens)))))
+  cu = None if cu_seqlens is None else jnp.asarray(cu_seqlens, jnp.int32)
+  if extra_v is not None:
+    extra_v = jnp.asarray(extra_v)
+  return _program(q, k, v, beta, g, A_log, dt_bias, initial_state, cu, segment_ids, extra_v,
+                  rule=rule, mode=FORMS[form], scale=float(scale), chunk_size=chunk_size,
+                  final=bool(output_final_state), state_v_first=bool(state_v_first), q_l2norm=bool(q_l2norm),
+                  k_l2norm=bool(k_l2norm), beta_sigmoid=bool(beta_sigmoid), beta_max=float(beta_max),
+                  relayout=relayout, t_max=t_max)
+
+
+@functools.partial(jax.jit, static_argnames=("rule", "mode", "scale", "chunk_size", "final", "state_v_first",
+                                             "q_l2norm", "k_l2norm", "beta_sigmoid", "beta_max", "relayout",
+                                             "t_max"))
+def _program(q, k, v, beta, g, A_log, dt_bias, h0, cu, segment_ids, extra_v, *, rule, mode, scale, chunk_size,
+             final, state_v_first, q_l2norm, k_l2norm, beta_sigmoid, beta_max, relayout, t_max):
+  acc = jnp.promote_types(jnp.result_type(q, k, v), jnp.float32)
+  out_dtype = v.dtype
+  q, k = q.astype(acc), k.astype(acc)
+  if q_l2norm:
+    q = l2_normalize(q)
+  if k_l2norm:
+    k = l2_normalize(k)
+  q = q * scale
+  if beta is not None and beta_sigmoid:
+    beta = beta_max * jax.nn.sigmoid(beta.astype(acc))
+  if g is not None and A_log is not None:
+    g = gdn_gate(g, A_log, dt_bias)
+  if extra_v is not None:  # e.g. a column of ones: the normaliser Σ q·k rides along as one more value channel
+    v = jnp.concatenate([v.astype(acc), jnp.broadcast_to(extra_v.astype(acc), v.shape[:-1] + (1,))], axis=-1)
+  S0 = None if h0 is None else (h0 if state_v_first else jnp.swapaxes(h0, -1, -2))
+  if cu is not None and not relayout:
+    segment_ids = cu_seqlens_to_segment_ids(cu, q.shape[1])
+  if relayout:  # N rows of t_max tokens, one sequence each; padding (id 0) writes nothing
+    T = q.shape[1]
+    pos = jnp.arange(t_max, dtype=jnp.int32)
+    idx = jnp.clip(cu[:-1, None] + pos[None, :], 0, T - 1)  # [N, t_max]
+    segment_ids = (pos[None, :] < (cu[1:] - cu[:-1])[:, None]).astype(jnp.int32)
+    take = lambda x: None if x is None else x[0][idx]
+    q, k, v, beta, g = (take(x) for x in (q, k, v, beta, g))
+  o, S = associative_memory(q, k, v, beta, rule=rule, mode=mode, chunk_size=chunk_size,
+                            log_decay=g if rule in DECAY_RULES else None, initial_state=S0, return_state=True,
+                            segment_ids=segment_ids)
+  if relayout:  # token t of the packed row is token t − cu[n] of row n
+    t = jnp.arange(T, dtype=jnp.int32)
+    n = jnp.searchsorted(cu[1:], t, side="right")
+    o = o[n, t - cu[n]][None]
+  if extra_v is None:
+    o = o.astype(out_dtype)
+  if not final:
+    return o, None
+  return o, (S if state_v_first else jnp.swapaxes(S, -1, -2))
+
+
+__all__ = ["FORMS", "check_gate", "check_head_vector", "gdn_gate", "run"]
