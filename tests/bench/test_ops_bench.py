@@ -16,21 +16,7 @@ import pytest
 from jaxmem.bench import BENCHES
 from jaxmem.bench import ops as ops_bench
 from jaxmem.bench.ops import PEERS, QUICK_OPS, Peer, kernel_forward, op_forward, random_inputs
-
-
-def _tables(section: str) -> list:
-  """The Markdown tables of ``section``, each a list of rows (lists of cell strings)."""
-  tables, current = [], None
-  for line in section.splitlines():
-    if line.startswith("|"):
-      cells = [c.strip() for c in line.strip().strip("|").split("|")]
-      if current is None:
-        current = []
-        tables.append(current)
-      current.append(cells)
-    else:
-      current = None
-  return tables
+from tests.bench.tables import markdown_tables
 
 
 def test_ops_bench_is_registered():
@@ -145,7 +131,7 @@ def test_bench_ops_emits_each_table_as_it_is_computed(stubbed):
   section = ops_bench.bench_ops(quick=True, repeats=1, emit=emitted.append)
   assert len(emitted) == 3 and "".join(emitted) == section
   assert emitted[0].startswith("### ops: fla-named ops (`jaxmem.ops`), B=1, H=4, K=V=4, float32")
-  wrapper, = _tables(emitted[0])
+  wrapper, = markdown_tables(emitted[0])
   assert wrapper[0] == ops_bench.WRAPPER_HEAD
   assert [row[0] for row in wrapper[2:]] == [f"`{name}`" for name in QUICK_OPS]
   for row in wrapper[2:]:  # op timed first in each pair: 2 ms against the kernel's 1 ms
@@ -155,7 +141,7 @@ def test_bench_ops_emits_each_table_as_it_is_computed(stubbed):
 
 def test_peer_rows_keep_their_failures_and_time_only_what_agrees(stubbed):
   section = ops_bench.bench_ops(quick=True, repeats=1)
-  _, peers = _tables(section)
+  _, peers = markdown_tables(section)
   assert peers[0] == ops_bench.PEER_HEAD
   rows = {row[1]: row for row in peers[2:]}
   assert list(rows) == ["agrees", "disagrees", "fails", "no backward", "too long"]  # quick: one row left out

@@ -13,23 +13,9 @@ from jaxmem.bench import BENCHES
 from jaxmem.bench.unimatrix import TABLE_HEAD, TARGETS, bench_unimatrix, matched_transformer
 from jaxmem.models import TransformerLM, count_params
 from jaxmem.models.unimatrix.baselines import paper_transformer_config
+from tests.bench.tables import markdown_tables
 
 pytestmark = pytest.mark.slow   # end-to-end benchmark run: `make test`, not `make test-fast`
-
-
-def _tables(section: str) -> list:
-  """The Markdown tables of ``section``, each a list of rows (lists of cell strings)."""
-  tables, current = [], None
-  for line in section.splitlines():
-    if line.startswith("|"):
-      cells = [c.strip() for c in line.strip().strip("|").split("|")]
-      if current is None:
-        current = []
-        tables.append(current)
-      current.append(cells)
-    else:
-      current = None
-  return tables
 
 
 def test_matched_transformer_is_closest_at_every_depth():
@@ -48,7 +34,7 @@ def test_matched_transformer_is_closest_at_every_depth():
 def test_bench_unimatrix_tiny_tables_have_positive_finite_ratios():
   assert BENCHES["unimatrix"] == "jaxmem.bench.unimatrix:bench_unimatrix"
   section = bench_unimatrix(quick=True, repeats=1, lengths=(16,), batch_tokens=32, models=("core_recurrent",))
-  train, fwd = _tables(section)
+  train, fwd = markdown_tables(section)
   for table in (train, fwd):
     assert table[0] == TABLE_HEAD and set(table[1][0]) == {"-"}
     rows = table[2:]
