@@ -10,9 +10,11 @@ PIP    := $(BIN)/python -m pip
 PIP_INSTALL := $(PIP) install --quiet --disable-pip-version-check -c constraints.txt
 PYTEST_ARGS ?=
 # the suite runs on pytest-xdist workers (one per core on the 2-core CI machine); WORKERS=0 runs it in-process.
-# --dist loadfile: a test module runs whole on one worker, so its tests share that process's compiled programs.
+# --dist loadfile: a test module runs whole on one worker, so its tests share that process's compiled programs;
+# --no-loadscope-reorder: modules go out in the order tests/conftest.py gives (the longest first, so that the
+# workers finish together), not by their number of tests.
 WORKERS ?= 2
-XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
+XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile --no-loadscope-reorder)
 
 .PHONY: demo test test-fast notebooks install install-dev bench lint clean
 

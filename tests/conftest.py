@@ -1,4 +1,3 @@
-import importlib.util
 import os
 import pathlib
 
@@ -17,12 +16,18 @@ def _compilation_cache_dir() -> str:
   return os.path.join(root, "jaxmem", "jax_compilation_cache")
 
 
+# The cache's size is bounded here, once per session (prune_compilation_cache), not by JAX's
+# jax_compilation_cache_max_size: with that limit set, every write lists and reads the whole cache
+# directory under a lock shared by all processes (quadratic in the number of programs, and the workers
+# wait on each other).
+CACHE_MAX_BYTES = 2 ** 30       # pruned at the start of a session when above this ...
+CACHE_PRUNED_BYTES = 2 ** 29    # ... to this, the least recently used entries first
+
 # set before jax is imported here, and inherited by every subprocess and notebook kernel the tests start
 if _compilation_cache_dir():
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _compilation_cache_dir()
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-  if importlib.util.find_spec("filelock"):   # JAX's size limit needs it (a dev dependency)
-    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(2 ** 30)   # least recently used entries go first
+  os.environ.pop("JAX_COMPILATION_CACHE_MAX_SIZE", None)
 
 # XLA's CPU backend set for compile time, not run time: the suite's time is mostly compilation. LLVM at
 # optimisation level 0, and fusions emitted by XLA's classic elemental emitter instead of its MLIR fusion
@@ -43,10 +48,65 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 if _compilation_cache_dir():   # in case jax was imported before this file (the env is read at import)
   jax.config.update("jax_compilation_cache_dir", _compilation_cache_dir())
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  if importlib.util.find_spec("filelock"):
-    jax.config.update("jax_compilation_cache_max_size", 2 ** 30)
+  jax.config.update("jax_compilation_cache_max_size", -1)
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def prune_compilation_cache(path: str, max_bytes: int = CACHE_MAX_BYTES, to_bytes: int = CACHE_PRUNED_BYTES,
+                            ) -> int:
+  """Deletes the least recently used entries (by the later of their access and modification times) of the
+  cache directory ``path`` when it holds more than ``max_bytes``, down to ``to_bytes``; returns the number
+  deleted. A deleted program is compiled again when a test needs it."""
+  try:
+    stats = [(e.path, e.stat()) for e in os.scandir(path) if e.is_file()]
+    entries = [(max(st.st_atime, st.st_mtime), st.st_size, name) for name, st in stats]
+  except FileNotFoundError:
+    return 0
+  total = sum(size for _, size, _ in entries)
+  if total <= max_bytes:
+    return 0
+  deleted = 0
+  for _, size, name in sorted(entries):
+    if total <= to_bytes:
+      break
+    try:
+      os.remove(name)
+    except FileNotFoundError:
+      pass
+    total -= size
+    deleted += 1
+  return deleted
+
+
+# The modules that take longest, longest first (`pytest --compile-report N` prints the modules by time): they
+# run first (pytest_collection_modifyitems; under xdist with --no-loadscope-reorder, as the Makefile runs it),
+# and the many short modules fill in behind them, so that neither worker is left with a long module at the end
+# while the other waits.
+LONGEST_MODULES = (
+    "tests/models/test_unimatrix.py",
+    "tests/train/test_sharding.py",
+    "tests/kernels/test_assoc.py",
+    "tests/kernels/test_assoc_numerics.py",
+    "tests/models/test_mixer_contract.py",
+    "tests/test_cli.py",
+    "tests/models/test_assoc_model.py",
+    "tests/test_decode.py",
+    "tests/train/test_multiprocess.py",
+    "tests/models/test_unimatrix_decode.py",
+    "tests/experiments/unimatrix/test_experiments.py",
+    "tests/ops/test_ops.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+  rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+  items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))   # stable: the rest as collected
+
+
+def pytest_sessionstart(session):
+  if _compilation_cache_dir() and not hasattr(session.config, "workerinput"):   # the controller, once
+    prune_compilation_cache(_compilation_cache_dir())
 
 
 @pytest.fixture(autouse=True, scope="module")

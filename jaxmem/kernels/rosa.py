@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmem.checks import check_rank
+from jaxmem.kernels.segments import check_segment_ids, previous_in_segment, segment_index
 
 
 def _check_tokens(name: str, tokens, rank: int, layout: str) -> tuple[int, ...]:
@@ -61,13 +62,16 @@ def _check_none_id(none_id) -> int:
   return int(none_id)
 
 
-def rosa(tokens_BT, *, none_id: int = -1, return_length: bool = False):
+def rosa(tokens_BT, *, none_id: int = -1, return_length: bool = False, segment_ids=None):
   """ROSA predictions for a batch of token sequences, as a vectorised ``lax.scan``.
 
   Args:
     tokens_BT: ``[B, T]`` integer token ids.
     none_id: the prediction where ``x_t`` never occurred before (``L_t = 0``).
     return_length: also return the match lengths ``L_t``.
+    segment_ids: ``[B, T]`` integers, packed sequences (:mod:`jaxmem.kernels.segments`): each segment is
+      matched against its own earlier tokens only, as if it were a sequence of its own (padding inside a
+      segment skipped); padding tokens predict ``none_id`` with length 0.
 
   Returns:
     ``pred_BT`` int32 ``[B, T]`` (``y_t`` above), and with ``return_length`` the tuple
@@ -84,6 +88,8 @@ def rosa(tokens_BT, *, none_id: int = -1, return_length: bool = False):
     empty = jnp.zeros((B, 0), jnp.int32)
     return (empty, empty) if return_length else empty
   j_T = jnp.arange(T, dtype=jnp.int32)
+  if segment_ids is not None:
+    return _rosa_segments(x_BT, check_segment_ids(segment_ids, B, T), none_id, return_length)
 
   def step(M_BT, t):
     x_t_B = jax.lax.dynamic_index_in_dim(x_BT, t, axis=1, keepdims=False)
@@ -99,6 +105,37 @@ def rosa(tokens_BT, *, none_id: int = -1, return_length: bool = False):
   _, (pred_TB, length_TB) = jax.lax.scan(step, jnp.zeros((B, T), jnp.int32), j_T)
   pred_BT, length_BT = pred_TB.T, length_TB.T
   return (pred_BT, length_BT) if return_length else pred_BT
+
+
+def _rosa_segments(x_BT, segment_ids_BT, none_id: int, return_length: bool):
+  """:func:`rosa` of packed rows: the same recurrence over the non-padding tokens of each segment. ``M[j]``
+  counts matches ending at ``j`` of the current segment only; "``j − 1``" is the segment's previous
+  non-padding token and "``j + 1``" its next one; ``M`` does not change at a padding token."""
+  B, T = x_BT.shape
+  j_T = jnp.arange(T, dtype=jnp.int32)
+  run_BT = segment_index(segment_ids_BT)                        # −1 at padding
+  before_BT, has_before_BT = previous_in_segment(segment_ids_BT, 1)
+  valid_BT = run_BT >= 0
+  # the next non-padding token of the row after j (T if none): a reversed running minimum
+  at_or_after = jax.lax.cummin(jnp.where(valid_BT, j_T[None], T), axis=1, reverse=True)
+  after_BT = jnp.concatenate([at_or_after[:, 1:], jnp.full((B, 1), T, jnp.int32)], axis=1)
+
+  def step(M_BT, t):
+    col = lambda a: jax.lax.dynamic_index_in_dim(a, t, axis=1, keepdims=False)
+    x_t_B, run_t_B = col(x_BT), col(run_BT)
+    prev_BT = jnp.where(has_before_BT, jnp.take_along_axis(M_BT, before_BT, axis=1), 0)   # M[j − 1]
+    match_BT = (x_BT == x_t_B[:, None]) & (j_T < t)[None, :] & (run_BT == run_t_B[:, None])
+    new_BT = jnp.where(match_BT, prev_BT + 1, 0)
+    valid_B = run_t_B >= 0
+    L_B = jnp.where(valid_B, jnp.max(new_BT, axis=1), 0)
+    j_B = jnp.max(jnp.where(new_BT == L_B[:, None], j_T[None, :], -1), axis=1)  # most recent
+    nxt_B = jnp.take_along_axis(after_BT, jnp.clip(j_B, 0, T - 1)[:, None], axis=1)
+    y_B = jnp.take_along_axis(x_BT, jnp.minimum(nxt_B, T - 1), axis=1)[:, 0]
+    pred_B = jnp.where(L_B > 0, y_B.astype(jnp.int32), jnp.int32(none_id))
+    return jnp.where(valid_B[:, None], new_BT, M_BT), (pred_B, L_B)
+
+  _, (pred_TB, length_TB) = jax.lax.scan(step, jnp.zeros((B, T), jnp.int32), j_T)
+  return (pred_TB.T, length_TB.T) if return_length else pred_TB.T
 
 
 def rosa_init(batch_size: int, capacity: int) -> dict:

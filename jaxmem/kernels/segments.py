@@ -98,6 +98,12 @@ def previous_in_segment(segment_ids_BT: jax.Array, lag: int):
   return src, ok
 
 
+def where_rows(pick_B: jax.Array, a, b):
+  """Row ``i`` (leading axis) of every leaf of pytree ``a`` where ``pick_B[i]``, else of ``b``: how a
+  recurrence over packed rows resets its state at :func:`segment_starts` or keeps it at padding."""
+  return jax.tree.map(lambda x, y: jnp.where(pick_B.reshape((-1,) + (1,) * (x.ndim - 1)), x, y), a, b)
+
+
 def check_cu_seqlens(cu_seqlens, T: int, name: str = "cu_seqlens") -> None:
   """``cu_seqlens [N + 1]``, integers; when concrete: ``0 = c_0 <= c_1 <= ... <= c_N = T``."""
   shape = shape_of(cu_seqlens)
@@ -119,4 +125,4 @@ def cu_seqlens_to_segment_ids(cu_seqlens, T: int) -> jax.Array:
 
 
 __all__ = ["check_cu_seqlens", "check_segment_ids", "cu_seqlens_to_segment_ids", "previous_in_segment",
-           "segment_index", "segment_positions", "segment_starts"]
+           "segment_index", "segment_positions", "segment_starts", "where_rows"]

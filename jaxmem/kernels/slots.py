@@ -84,6 +84,7 @@ from jaxmem.checks import (
   is_concrete,
   shape_of,
 )
+from jaxmem.kernels.segments import check_segment_ids, segment_starts, where_rows
 
 COS_EPS = 1e-6          # added to squared norms in the cosine
 STRENGTH_FLOOR = 1e-30  # log(max(strength, floor)) in the read score
@@ -209,16 +210,31 @@ _write_jit = jax.jit(_write, static_argnums=(5, 6))
 
 @functools.partial(jax.jit, static_argnums=(6, 7, 8, 9, 10, 11))
 def _scan(state, queries_BTD, keys_BTD, values_BTV, ids_BT, gate_BT, top_k, threshold, temperature,
-          vocab_size, cos_scale=None, strength_update="gate", merge_ids_BT=None):
+          vocab_size, cos_scale=None, strength_update="gate", merge_ids_BT=None, segment_ids_BT=None):
   time_major = lambda x: None if x is None else jnp.swapaxes(x, 0, 1)
+  if segment_ids_BT is None:
+    starts = None
+  else:  # packed rows: the memory empties at each segment start; a padding token changes nothing
+    starts = segment_starts(segment_ids_BT)
+    B, N, D = state.keys.shape
+    empty = init(B, N, D, state.values.shape[2])
+    empty = jax.tree.map(lambda e, x: e.astype(x.dtype), empty._replace(
+        key_ids=None if state.key_ids is None else empty.key_ids), state)
 
   def one_token(state, inputs):
-    q_BD, k_BD, v_BV, x_B, g_B, m_B = inputs
+    q_BD, k_BD, v_BV, x_B, g_B, m_B, s = inputs
+    if s is not None:
+      start_B, valid_B = s
+      state = where_rows(start_B, empty, state)
     context_BV, w_BN = _read(state, q_BD, top_k, temperature, cos_scale)
-    return (_write(state, k_BD, v_BV, x_B, g_B, threshold, strength_update, m_B),
-            (context_BV, w_BN, state.ids))
+    new = _write(state, k_BD, v_BV, x_B, g_B, threshold, strength_update, m_B)
+    if s is not None:
+      new = where_rows(valid_B, new, state)
+      context_BV, w_BN = (jnp.where(valid_B[:, None], x, 0.0) for x in (context_BV, w_BN))
+    return new, (context_BV, w_BN, state.ids)
 
   xs = tuple(map(time_major, (queries_BTD, keys_BTD, values_BTV, ids_BT, gate_BT, merge_ids_BT)))
+  xs = xs + (None if starts is None else tuple(map(time_major, starts)),)
   final, (context_TBV, w_TBN, ids_TBN) = jax.lax.scan(one_token, state, xs)
   weights_BTN, slot_ids_BTN = time_major(w_TBN), time_major(ids_TBN)
   pointer = None if vocab_size is None else _pointer(weights_BTN, slot_ids_BTN, vocab_size)
@@ -416,7 +432,7 @@ def slot_memory(queries_BTD, keys_BTD, values_BTV, ids_BT, *, n_slots: int, top_
                 threshold: float = 0.85, temperature: float = 8.0, write_gate_BT=None,
                 vocab_size: Optional[int] = None, initial_state: Optional[SlotState] = None,
                 return_state: bool = False, cos_scale: Optional[float] = None,
-                strength_update: str = "gate", merge_ids_BT=None):
+                strength_update: str = "gate", merge_ids_BT=None, segment_ids=None):
   """The slot memory run over a sequence: per token a read, then a write (``lax.scan``).
 
   Args:
@@ -443,6 +459,9 @@ def slot_memory(queries_BTD, keys_BTD, values_BTV, ids_BT, *, n_slots: int, top_
       (``threshold`` is then unused; slots of an ``initial_state`` without ``key_ids`` never
       match). UniMatrix passes the key's token id ``x_{t−1}``, so that two tokens whose key
       embeddings grow similar keep separate slots. None: the paper's cosine merge.
+    segment_ids: ``[B, T]`` integers, packed sequences (:mod:`jaxmem.kernels.segments`): the memory empties
+      at the first token of every segment but a row's first (which continues ``initial_state``); a padding
+      token reads nothing (context, weights and pointer 0) and changes nothing (no write, no ageing).
 
   Returns:
     :class:`SlotReadout` (context in the dtype of ``values_BTV``), and with
@@ -487,9 +506,11 @@ def slot_memory(queries_BTD, keys_BTD, values_BTV, ids_BT, *, n_slots: int, top_
     if merge_ids_BT is not None and initial_state.key_ids is None:
       initial_state = initial_state._replace(key_ids=jnp.full((B, n_slots), -1, jnp.int32))
 
+  if segment_ids is not None:
+    segment_ids = check_segment_ids(segment_ids, B, T)
   gate_BT = (jnp.ones((B, T), jnp.float32) if write_gate_BT is None
              else jnp.asarray(write_gate_BT, jnp.float32))
   readout, final = _scan(initial_state, queries_BTD, keys_BTD, values_BTV, ids_BT, gate_BT,
                          top_k, threshold, temperature, vocab_size, cos_scale, strength_update,
-                         merge_ids_BT)
+                         merge_ids_BT, segment_ids)
   return (readout, final) if return_state else readout

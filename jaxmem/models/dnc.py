@@ -24,6 +24,7 @@ from flax import nnx
 
 from jaxmem.checks import check_config_ints, check_rank
 from jaxmem.kernels import dnc as dnc_kernels
+from jaxmem.kernels.segments import check_segment_ids, segment_starts, where_rows
 from jaxmem.models import bodies
 from jaxmem.models.layers import constant, embed, linear, token_ids
 
@@ -82,23 +83,33 @@ class DNC(nnx.Module):
     c = self.cfg.clip_value
     return jnp.clip(x, -c, c) if c else x
 
-  def __call__(self, x_BTC: jax.Array, *, return_state: bool = False):
-    """``y [B, T, output_dim]`` from :meth:`initial_state`; with ``return_state`` also the final memory."""
-    final, ys = self.scan(self.initial_state(x_BTC.shape[0]), x_BTC)
+  def __call__(self, x_BTC: jax.Array, *, return_state: bool = False, segment_ids=None):
+    """``y [B, T, output_dim]`` from :meth:`initial_state`; with ``return_state`` also the final memory;
+    ``segment_ids``: as :meth:`scan`."""
+    final, ys = self.scan(self.initial_state(x_BTC.shape[0]), x_BTC, segment_ids)
     return (ys, final[2]) if return_state else ys
 
-  def scan(self, state, x_BTC: jax.Array) -> tuple:
+  def scan(self, state, x_BTC: jax.Array, segment_ids=None) -> tuple:
     """The recurrence from ``state`` (:meth:`initial_state`'s structure: controller ``h, c``, memory, last
-    reads): ``(state after the last step, y [B, T, output_dim])``."""
-    check_rank("x", x_BTC, 3, "B, T, input_dim")
+    reads): ``(state after the last step, y [B, T, output_dim])``. ``segment_ids [B, T]`` (integers): packed
+    rows (:mod:`jaxmem.kernels.segments`): the controller, the memory and the reads return to
+    :meth:`initial_state` at every segment but a row's first (which continues ``state``); a padding token
+    (id 0) leaves the state as it is and outputs 0."""
+    B, T, _ = check_rank("x", x_BTC, 3, "B, T, input_dim")
     if x_BTC.shape[-1] != self.cfg.input_dim:
       raise ValueError(f"`x` has {x_BTC.shape[-1]} channels, DNCConfig.input_dim={self.cfg.input_dim}.")
     cfg = self.cfg
-    B = x_BTC.shape[0]
+    starts = None
+    if segment_ids is not None:
+      starts = tuple(jnp.swapaxes(a, 0, 1) for a in segment_starts(check_segment_ids(segment_ids, B, T)))
+      fresh = self.initial_state(B)
     # Pure step over plain arrays: read the parameters once, outside the scan.
     graphdef, params = nnx.split(self)
 
-    def step(carry, x_t):
+    def step(carry, inputs):
+      x_t, s = inputs
+      if s is not None:  # packed rows: a fresh state at a segment's start
+        carry = where_rows(s[0], fresh, carry)
       h, c, mem, reads = carry
       model = nnx.merge(graphdef, params, copy=True)
       inp = jnp.concatenate([x_t, reads], axis=-1)
@@ -115,11 +126,13 @@ class DNC(nnx.Module):
       mem, r = jax.vmap(dnc_kernels.step)(mem, it)
       reads = r.reshape(B, -1)
       y = model.readout(jnp.concatenate([out, reads], axis=-1))
-      return (h, c, mem, reads), y
+      if s is None:
+        return (h, c, mem, reads), y
+      return where_rows(s[1], (h, c, mem, reads), carry), jnp.where(s[1][:, None], y, 0.0)
 
     if cfg.remat:
       step = jax.checkpoint(step)
-    final, ys = jax.lax.scan(step, state, jnp.swapaxes(x_BTC, 0, 1))
+    final, ys = jax.lax.scan(step, state, (jnp.swapaxes(x_BTC, 0, 1), starts))
     return final, jnp.swapaxes(ys, 0, 1)
 
 
@@ -176,9 +189,12 @@ class DNCLM(nnx.Module):
     self.embed = embed(cfg.vocab_size, cfg.d_embed, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
     self.dnc = DNC(cfg.dnc, rngs=rngs)
 
-  def __call__(self, tokens_BT: jax.Array) -> jax.Array:
+  def __call__(self, tokens_BT: jax.Array, segment_ids=None) -> jax.Array:
+    """``logits [B, T, vocab_size]``; ``segment_ids [B, T]``: packed rows, each document read from a fresh
+    controller and memory (:meth:`DNC.scan`)."""
     check_rank("tokens", tokens_BT, 2, "B, T")
-    return self.dnc(self.embed(token_ids(tokens_BT, self.cfg.vocab_size))).astype(jnp.float32)
+    emb = self.embed(token_ids(tokens_BT, self.cfg.vocab_size))
+    return self.dnc(emb, segment_ids=segment_ids).astype(jnp.float32)
 
   # decoding (jaxmem.generate): the DNC's carried state, whatever the context length
   def init_state(self, batch_size: int, max_len: int):

@@ -91,9 +91,9 @@ class DataConfig:
       the final evaluation always uses the whole split.
     pack: train on whole documents packed into rows with segment ids (:mod:`jaxmem.data.packing`: Tiny
       Shakespeare split at blank lines, WikiText-2 at article titles), the loss masked where a target starts
-      the next document; the model reads no byte across a document boundary (a body that takes
-      ``segment_ids``: ``transformer``). False: random windows of the byte stream. Evaluation is the same
-      either way (windows of the validation split).
+      the next document; the model reads no byte across a document boundary (every registered body takes
+      ``segment_ids``; one that does not is refused). False: random windows of the byte stream. Evaluation is
+      the same either way (windows of the validation split).
   """
 
   corpus: str = "tinyshakespeare"

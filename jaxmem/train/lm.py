@@ -4,6 +4,7 @@ is :func:`jaxmem.train.losses.lm_loss`)."""
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 import os
@@ -23,7 +24,6 @@ from jaxmem.data import RandomWindows, eval_windows, load_corpus
 from jaxmem.data.corpora import Corpus
 from jaxmem.data.packing import PackedDocuments, split_documents
 from jaxmem.models import bodies
-from jaxmem.models.transformer import TransformerConfig
 from jaxmem.train import loop
 from jaxmem.train.config import LMConfig
 from jaxmem.train.losses import LN2, lm_loss, token_nll, with_ponder_cost
@@ -133,9 +133,9 @@ def train_lm(cfg, workdir, *, corpus: Optional[Corpus] = None, stop_after: Optio
   mesh = loop.make_mesh(devices, cfg.train.model_axis)
   shard = dict(seed=cfg.train.seed, process_index=jax.process_index(), process_count=jax.process_count())
   if cfg.data.pack:
-    if not isinstance(cfg.model, TransformerConfig):
-      raise ValueError(f"data.pack=True trains on packed documents, which needs a body that takes segment_ids "
-                       f"(transformer); the {cfg.model.body!r} body does not.")
+    if "segment_ids" not in inspect.signature(bodies.lookup(cfg.model.body)[1].__call__).parameters:
+      raise ValueError(f"data.pack=True trains on packed documents, which needs a body that takes segment_ids; "
+                       f"the {cfg.model.body!r} body does not.")
     train_iter = PackedDocuments(split_documents(corpus["train"], cfg.data.corpus), cfg.data.seq_len,
                                  cfg.data.batch_size, **shard)
   else:

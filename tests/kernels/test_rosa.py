@@ -102,6 +102,31 @@ def test_rosa_equals_automaton_equals_brute_force_random(alphabet, B, T):
     np.testing.assert_array_equal(auto_len[b], ref_len)
 
 
+def test_packed_rows_match_each_segment_alone():
+  # rosa(tokens, segment_ids): every segment is matched against its own earlier tokens only, padding inside
+  # a segment skipped (the automaton on the segment's tokens alone is the reference); padding predicts none
+  from tests.kernels.packed import runs
+  rng = np.random.default_rng(7)
+  B, T = 3, 48
+  x_BT = rng.integers(0, 3, (B, T)).astype(np.int32)
+  x_BT[:, 24:36] = x_BT[:, 4:16]  # a repeat that crosses into the next segment
+  seg = np.repeat(np.arange(1, 5), 12)[None].repeat(B, 0).astype(np.int32)
+  seg[0, 17:19] = 0          # padding inside a segment, inside matches: "0 1 2 0 1 | 2 0 1 2 0" runs across it
+  x_BT[0, 12:24] = [0, 1, 2, 0, 1, 1, 1, 2, 0, 1, 2, 0]
+  seg[1, :5] = 0             # left padding
+  seg[2, 12:24] = 1          # one long segment, then a run equal to nothing before
+  pred, length = rosa_jit(x_BT, return_length=True, none_id=-5, segment_ids=seg)
+  pred, length = np.asarray(pred), np.asarray(length)
+  for b in range(B):
+    for r in runs(seg[b]):
+      ref_pred, ref_len = rosa_automaton(x_BT[b, r], none_id=-5, return_length=True)
+      np.testing.assert_array_equal(pred[b, r], ref_pred)
+      np.testing.assert_array_equal(length[b, r], ref_len)
+  assert np.all(pred[seg == 0] == -5) and np.all(length[seg == 0] == 0)
+  with pytest.raises(ValueError, match=r"`segment_ids` must have shape \[B, T\]"):
+    rosa(x_BT, segment_ids=seg[:, 1:])
+
+
 def test_streaming_automaton_matches_batch():
   x = np.random.default_rng(3).integers(0, 3, 40)
   sam = SuffixAutomaton(none_id=-2)

@@ -495,6 +495,27 @@ def test_a_sequence_in_two_pieces_from_the_returned_state_equals_one_run():
   assert (np.asarray(state.key_ids) >= 0).any()
 
 
+def test_packed_rows_equal_each_segment_alone():
+  # slot_memory(..., segment_ids): the memory empties at each segment, a padding token neither reads nor
+  # writes nor ages the slots; context and pointer, values and gradients (queries, keys, values, write
+  # gate), equal each document run alone (tests/kernels/packed.py; merges, fills and evictions with 2 slots)
+  from tests.kernels.packed import check_packed_equals_alone
+  rng = np.random.default_rng(3)
+  q, k, v = (rng.normal(size=(2, 9, 4)).astype(np.float32) for _ in range(3))
+  k[:, 1::2] = k[:, ::2][:, :4] + 0.01  # near-repeats: merges
+  gate = rng.uniform(0.3, 1.0, (2, 9)).astype(np.float32)
+
+  def fn(q, k, v, gate, segment_ids=None):
+    ids = jnp.argmax(v, axis=-1).astype(jnp.int32)
+    out = slot_memory(q, k, v, ids, n_slots=2, top_k=2, write_gate_BT=gate, vocab_size=4, threshold=0.9,
+                      segment_ids=segment_ids, merge_ids_BT=None)
+    return jnp.concatenate([out.context, out.pointer], axis=-1)
+
+  check_packed_equals_alone(fn, (q, k, v, gate), rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match=r"`segment_ids` must have shape \[B, T\] = \(2, 9\)"):
+    fn(q, k, v, gate, segment_ids=np.ones((2, 8), np.int32))
+
+
 vmapped_std_memory = jax.jit(jax.vmap(std_memory))
 
 

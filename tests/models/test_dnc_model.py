@@ -97,6 +97,17 @@ def test_feedforward_controller_and_finite_gradients_on_long_input():
   assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(g))
 
 
+def test_packed_rows_equal_each_document_alone(dnc):
+  # DNC(x, segment_ids): controller, memory and reads start afresh at every document, padding changes nothing
+  # and outputs 0; outputs and input gradients equal each document run alone (tests/kernels/packed.py)
+  from tests.kernels.packed import check_packed_equals_alone
+  x = np.asarray(jax.random.normal(jax.random.key(4), (2, 9, CFG.input_dim)))
+  f = lambda x, segment_ids=None: nnx.merge(*nnx.split(dnc))(x, segment_ids=segment_ids)
+  check_packed_equals_alone(f, (x,), rtol=1e-4, atol=1e-6)
+  with pytest.raises(ValueError, match=r"`segment_ids` must have shape \[B, T\] = \(2, 9\)"):
+    dnc(x, segment_ids=np.ones((2, 3), np.int32))
+
+
 def test_bad_config_and_input_raise(dnc):
   with pytest.raises(ValueError, match="controller"):
     DNCConfig(controller="gru")

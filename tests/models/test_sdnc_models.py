@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxmem.arrays import device_array
 from jaxmem.models import (
   EncoderDecoderConfig,
   SDNCConfig,
@@ -24,6 +23,7 @@ from jaxmem.models import (
   mixers,
 )
 from tests.models.jitted import forward, forward2
+from tests.models.params import perturb
 
 CFG = TransformerConfig(d_model=24, n_layers=2, n_heads=3, d_ff=40, max_len=16)
 TOKENS = jax.random.randint(jax.random.key(0), (2, 11), 0, 256)
@@ -66,16 +66,6 @@ def test_sdnc_transformer_equals_transformer_values_and_gradients():
   np.testing.assert_allclose(y2, y1, rtol=1e-5, atol=1e-5)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-
-
-def perturb(model, seed: int, scale: float = 0.3) -> None:
-  """Adds N(0, scale²) noise to every parameter: non-zero biases and LayerNorm shifts, so that each
-  sub-computation (attention, its W_O, the FFN, every norm) visibly moves the logits."""
-  state = nnx.state(model, nnx.Param)
-  leaves, treedef = jax.tree.flatten(state)
-  rng = np.random.default_rng(seed)   # on the host: one device program per leaf shape would compile otherwise
-  nnx.update(model, jax.tree.unflatten(
-      treedef, [device_array(np.asarray(x) + scale * rng.normal(size=x.shape), x.dtype) for x in leaves]))
 
 
 def reference_logits(model, tokens) -> np.ndarray:

@@ -111,6 +111,54 @@ def test_causal_by_gradient_and_by_changing_future_tokens(case):
     assert float(jnp.abs(y2[:, t + 1:] - y[:, t + 1:]).max()) > 0  # later positions do see them
 
 
+# packed rows: every option that reads another token (ROSA bigram / automaton, positions, the previous token
+# of the slot keys and merge ids, the matrix state, the dense memory, the slot memory and its pointer)
+PACKED_CASES = [
+    ("ids", dict(act=True, deep_embed=True, step_embed=True, rosa="automaton", retention="channel",
+                 dense_memory=True, n_slots=3, slot_top_k=2, pointer=True, write_gate=True, slot_merge="key_id",
+                 slot_query="prev_token")),
+    ("onehot", dict(rosa="bigram", spectral_norm=True, updates="hybrid", n_slots=3, slot_top_k=2, pointer=True,
+                    write_gate=True, dense_top_k=2)),
+]
+
+
+@functools.partial(nnx.jit, static_argnames="onehot")
+def _packed_logits_and_input_grads(model, x_BT, cot_BTV, segment_ids, onehot: bool):
+  """Logits (ids or one-hot path) and, for one-hot inputs, the gradient of ``<cot, logits>`` w.r.t. them."""
+  if not onehot:
+    return model(x_BT, segment_ids), None
+  graphdef, state = nnx.split(model)
+  f = lambda o: nnx.merge(graphdef, state, copy=True).apply_onehot(o, segment_ids)
+  y, pullback = jax.vjp(f, jax.nn.one_hot(x_BT, model.cfg.vocab_size))
+  return y, pullback(cot_BTV)[0]
+
+
+@pytest.mark.parametrize("path,kw", PACKED_CASES, ids=[p for p, _ in PACKED_CASES])
+def test_packed_rows_give_each_document_its_own_logits(path, kw):
+  """UniMatrixLM(tokens, segment_ids): each document's logits (and, on the one-hot path, their gradients
+  w.r.t. the inputs) equal the model's on that document alone; padding inputs get zero gradient."""
+  from tests.kernels.packed import PACKED, RUNS_B, RUNS_T
+  from tests.models.params import perturb
+  model = UniMatrixLM(tiny("core", **kw), rngs=nnx.Rngs(0))
+  perturb(model, 1, 0.1)  # zero-initialised gates (ROSA modulation, write gate) hide nothing
+  x = np.random.default_rng(2).integers(0, 3, PACKED.shape).astype(np.int32)  # repeats: ROSA matches, merges
+  take = lambda a: np.asarray(a)[RUNS_B[:, None], RUNS_T]
+  cot = np.random.default_rng(3).normal(size=PACKED.shape + (V,)).astype(np.float32) * (PACKED != 0)[..., None]
+  onehot = path == "onehot"
+  y, g = _packed_logits_and_input_grads(model, x, cot, PACKED, onehot)
+  y_alone, g_alone = _packed_logits_and_input_grads(model, take(x), take(cot), None, onehot)
+  np.testing.assert_allclose(take(y), y_alone, rtol=1e-4, atol=1e-5)
+  y_unpacked = _packed_logits_and_input_grads(model, x, cot, None, onehot)[0]
+  assert np.abs(take(y_unpacked) - y_alone).max() > 1e-3, "without segment_ids the documents see each other"
+  if onehot:
+    np.testing.assert_allclose(take(g), g_alone, rtol=1e-4, atol=1e-5)
+    assert not np.any(np.asarray(g)[PACKED == 0])
+  with pytest.raises(ValueError, match="carry_state=True cannot take `segment_ids`"):
+    UniMatrixLM(tiny("core", carry_state=True), rngs=nnx.Rngs(0))(x, PACKED)
+  with pytest.raises(ValueError, match=r"`segment_ids` must have shape \[B, T\] = \(2, 9\)"):
+    model(x, PACKED[:, :3])
+
+
 @pytest.mark.parametrize("variant", ["core", "discovery"])
 @pytest.mark.slow
 def test_the_papers_carried_state_leaks_and_the_checks_catch_it(variant):

@@ -12,7 +12,7 @@ from flax import nnx
 from jaxmem.data import load_corpus
 from jaxmem.data.corpora import Corpus
 from jaxmem.data.packing import PackedDocuments, split_documents
-from jaxmem.models import DNCLMConfig
+from jaxmem.models import DNCLM, DNCLMConfig
 from jaxmem.models.transformer import TransformerLM
 from jaxmem.train import NonFiniteLossError, TrainConfig, TrainTask, read_metrics, train, train_lm
 from jaxmem.train.checkpoint import Checkpointer
@@ -271,5 +271,6 @@ def test_packed_documents_train_the_model_with_their_segment_ids(tmp_path, monke
   monkeypatch.setattr(TransformerLM, "__call__", original)
   loss, _ = lm_loss(TransformerLM(cfg.model, rngs=nnx.Rngs(0)), {k: jnp.asarray(v) for k, v in batch.items()})
   assert np.isfinite(float(loss))
-  with pytest.raises(ValueError, match="needs a body that takes segment_ids"):
+  monkeypatch.setattr(DNCLM, "__call__", lambda self, tokens: None)   # a body without segment_ids
+  with pytest.raises(ValueError, match="needs a body that takes segment_ids; the 'dnc' body does not"):
     train_lm(dataclasses.replace(cfg, model=DNCLMConfig()), tmp_path / "dnc", corpus=corpus, progress=False)

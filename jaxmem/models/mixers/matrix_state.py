@@ -143,11 +143,12 @@ class MatrixStateMixer(Mixer):
     """The all-zero state ``S_0 [B, H, S, S]`` (float32; its size does not grow with ``max_len``)."""
     return jnp.zeros((batch_size, self.n_heads, self.state_dim, self.state_dim), jnp.float32)
 
-  def scan(self, state, x_BTD: jax.Array) -> tuple:
+  def scan(self, state, x_BTD: jax.Array, segment_ids=None) -> tuple:
     """The sequence form from a given state: ``(S_0 [B, H, S, S] or None for zeros, x [B, T, d_model]) ->
     (S_T, y [B, T, d_model])``, by the kernel's chunked / parallel forms (``cfg.mode``); :meth:`step`
-    applied token by token gives the same."""
-    return self._sequence(state, x_BTD, None)
+    applied token by token gives the same. ``segment_ids [B, T]``: packed rows (the first segment continues
+    ``S_0``, later ones start from zero; ``S_T`` is the last segment's)."""
+    return self._sequence(state, x_BTD, segment_ids)
 
   def _sequence(self, state, x_BTD: jax.Array, segment_ids) -> tuple:
     B, T, _ = x_BTD.shape

@@ -43,6 +43,7 @@ from flax import nnx
 from jaxmem.checks import check_rank
 from jaxmem.kernels import rosa as rosa_kernel
 from jaxmem.kernels import slots as slot_kernel
+from jaxmem.kernels.segments import check_segment_ids, previous_in_segment, segment_positions
 from jaxmem.models import bodies, mixers
 from jaxmem.models.layers import FeedForward, embed, layer_norm, linear, positions, token_ids
 from jaxmem.models.mixers.matrix_state import MatrixStateConfig
@@ -80,9 +81,10 @@ class UniMatrixBlock(nnx.Module):
     self.ffn = FeedForward(d, cfg.ffn_dim, n_layers=cfg.depth, rngs=rngs)
     self.drop = nnx.data(nnx.Dropout(cfg.dropout) if cfg.dropout else None)
 
-  def __call__(self, h, initial_state=None, return_state: bool = False, key=None):
-    """``key``: this step's dropout key (None: no dropout; see :class:`UniMatrixLM`)."""
-    h, S_T, _ = self._apply(h, initial_state, None, key)
+  def __call__(self, h, initial_state=None, return_state: bool = False, key=None, segment_ids=None):
+    """``key``: this step's dropout key (None: no dropout; see :class:`UniMatrixLM`); ``segment_ids [B, T]``:
+    packed rows, passed to the matrix state and the dense memory."""
+    h, S_T, _ = self._apply(h, initial_state, None, key, segment_ids=segment_ids)
     return (h, S_T) if return_state else h
 
   def init_state(self, batch_size: int, max_len: int) -> dict:
@@ -96,15 +98,15 @@ class UniMatrixBlock(nnx.Module):
     h, S_T, memory = self._apply(h, state["matrix"], state["memory"], None, decoding=True)
     return {"matrix": S_T, "memory": memory}, h
 
-  def _apply(self, h, S_0, memory, key, decoding: bool = False):
+  def _apply(self, h, S_0, memory, key, decoding: bool = False, segment_ids=None):
     """The residual branches; the dense memory over the whole sequence, or from its cache when decoding."""
-    S_T, y = self.mixer.scan(S_0, self.ln1(h))
+    S_T, y = self.mixer.scan(S_0, self.ln1(h), segment_ids)
     h = h + _dropout(self.drop, y, key, 0)
     if self.memory is not None:
       if decoding:
         memory, y = self.memory.scan(memory, self.ln_m(h))
       else:
-        y = self.memory(self.ln_m(h))
+        y = self.memory(self.ln_m(h), segment_ids)
       h = h + _dropout(self.drop, y, key, 1)
     h = h + _dropout(self.drop, self.ffn(self.ln2(h)), key, 2)
     return h, S_T, memory
@@ -129,26 +131,40 @@ def _select(onehot_BTV, table_VD):
 
 
 class _Inputs:
-  """Token ids or one-hot rows behind one lookup: ``rows(table)``, ``prev_rows(table)``, ``ids``.
+  """Token ids or one-hot rows behind one lookup: ``rows(table)``, ``prev_rows(table)``, ``ids``, and the
+  packed rows' ``segment_ids`` (None: one sequence per row).
 
   One-hot inputs (``[B, T, V]`` floats) make every embedding a matmul, so tests can take
   gradients with respect to the inputs; the ids (their argmax) drive the discrete parts
-  (ROSA, slot ids, pointer targets).
+  (ROSA, slot ids, pointer targets). With ``segment_ids`` "the previous token" is the previous non-padding
+  token of the same segment (none at a segment's first token).
   """
 
-  def __init__(self, x):
+  def __init__(self, x, segment_ids=None):
     self.onehot = x if jnp.issubdtype(x.dtype, jnp.floating) else None
     self.ids = jnp.argmax(x, axis=-1).astype(jnp.int32) if self.onehot is not None else x.astype(jnp.int32)
+    self.segment_ids = segment_ids
+    self.prev = None if segment_ids is None else previous_in_segment(segment_ids, 1)  # (index, exists)
 
   def rows(self, table):
     return _take(table, self.ids) if self.onehot is None else _select(self.onehot, table)
 
+  def prev_ids(self):
+    """``x_{t−1}`` ``[B, T]``, −1 where there is none."""
+    if self.prev is None:
+      return jnp.pad(self.ids[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
+    src, ok = self.prev
+    return jnp.where(ok, jnp.take_along_axis(self.ids, src, axis=1), -1)
+
   def prev_rows(self, table):
-    """``table[x_{t−1}]``, the zero vector at ``t = 0``."""
+    """``table[x_{t−1}]``, the zero vector where there is no previous token."""
     if self.onehot is None:
-      prev = jnp.pad(self.ids[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
-      return _take(table, prev)
-    return _select(jnp.pad(self.onehot[:, :-1], ((0, 0), (1, 0), (0, 0))), table)
+      return _take(table, self.prev_ids())
+    if self.prev is None:
+      return _select(jnp.pad(self.onehot[:, :-1], ((0, 0), (1, 0), (0, 0))), table)
+    src, ok = self.prev
+    rows = jnp.take_along_axis(self.onehot, src[..., None], axis=1)
+    return _select(jnp.where(ok[..., None], rows, 0.0), table)
 
 
 class UniMatrixLM(nnx.Module):
@@ -223,13 +239,17 @@ class UniMatrixLM(nnx.Module):
     if T > self.cfg.max_len:
       raise ValueError(f"`tokens` has length {T} > max_len={self.cfg.max_len}.")
 
-  def __call__(self, tokens_BT: jax.Array, *, return_aux: bool = False):
+  def __call__(self, tokens_BT: jax.Array, segment_ids=None, *, return_aux: bool = False):
+    """``logits [B, T, vocab_size]``; ``segment_ids [B, T]`` (integers): packed rows, several documents per
+    row (:mod:`jaxmem.kernels.segments`): each document's logits are those of the model on that document
+    alone (positions, ROSA, the previous token, the matrix states, the dense and the slot memory restart at
+    every document; padding, id 0, is skipped)."""
     B, T = check_rank("tokens", tokens_BT, 2, "B, T")
     tokens_BT = token_ids(tokens_BT, self.cfg.vocab_size)
     self._check_length(T)
-    return self._forward(_Inputs(tokens_BT), return_aux)
+    return self._forward(_Inputs(tokens_BT, self._segments(segment_ids, B, T)), return_aux)
 
-  def apply_onehot(self, onehot_BTV: jax.Array, *, return_aux: bool = False):
+  def apply_onehot(self, onehot_BTV: jax.Array, segment_ids=None, *, return_aux: bool = False):
     """The forward pass on one-hot rows ``[B, T, vocab_size]`` (differentiable in them)."""
     B, T, V = check_rank("onehot", onehot_BTV, 3, "B, T, vocab_size")
     if V != self.cfg.vocab_size:
@@ -237,7 +257,16 @@ class UniMatrixLM(nnx.Module):
     if not jnp.issubdtype(onehot_BTV.dtype, jnp.floating):
       raise ValueError(f"`onehot` must be floating point, got dtype {onehot_BTV.dtype}.")
     self._check_length(T)
-    return self._forward(_Inputs(onehot_BTV), return_aux)
+    return self._forward(_Inputs(onehot_BTV, self._segments(segment_ids, B, T)), return_aux)
+
+  def _segments(self, segment_ids, B: int, T: int):
+    if segment_ids is None:
+      return None
+    if self.cfg.carry_state:
+      raise ValueError("UniMatrixConfig.carry_state=True cannot take `segment_ids`: it carries the matrix "
+                       "state left after the last token of a row into the next depth step, across every "
+                       "document.")
+    return check_segment_ids(segment_ids, B, T)
 
   # ------------------------------------------------------------------------------------
   # ------------------------------------------------------------------------------------
@@ -302,7 +331,9 @@ class UniMatrixLM(nnx.Module):
     T = inp.ids.shape[1]
     h = e = inp.rows(self.embed.embedding[...])
     if self.pos is not None:
-      if state is None:
+      if state is None and inp.segment_ids is not None:  # packed rows: positions restart per document
+        h = h + jnp.take(self.pos[...], segment_positions(inp.segment_ids), axis=0)
+      elif state is None:
         h = h + self.pos[...][None, :T]
       else:
         pos_BT = state["pos"][:, None] + jnp.arange(T, dtype=jnp.int32)[None]
@@ -315,7 +346,7 @@ class UniMatrixLM(nnx.Module):
       else:  # the token that followed the longest earlier match; -1 (none) gives 0
         ids = jax.lax.stop_gradient(inp.ids)
         if state is None:
-          src = rosa_kernel.rosa(ids)
+          src = rosa_kernel.rosa(ids, segment_ids=inp.segment_ids)
         else:
           rosa, src = rosa_kernel.rosa_scan(state["rosa"], ids)
         r = _take(table, src)
@@ -341,7 +372,7 @@ class UniMatrixLM(nnx.Module):
       s_D, k, st = x
       block = nnx.merge(graphdef, params)
       if st is None:
-        h = block(h + s_D[None, None], key=k)
+        h = block(h + s_D[None, None], key=k, segment_ids=inp.segment_ids)
       else:
         st, h = block.scan(st, h + s_D[None, None])
       return (h * deep if deep is not None else h), st
@@ -396,11 +427,8 @@ class UniMatrixLM(nnx.Module):
 
   def _merge_ids(self, inp: _Inputs, state=None):
     """The key token ``x_{t−1}`` of each write (``vocab_size`` at ``t = 0``, no previous token)."""
-    ids = jax.lax.stop_gradient(inp.ids)
-    if state is not None:
-      prev = self._prev_ids(inp, state)
-      return jnp.where(prev < 0, self.cfg.vocab_size, prev)
-    return jnp.pad(ids[:, :-1], ((0, 0), (1, 0)), constant_values=self.cfg.vocab_size)
+    prev = inp.prev_ids() if state is None else self._prev_ids(inp, state)
+    return jnp.where(prev < 0, self.cfg.vocab_size, jax.lax.stop_gradient(prev))
 
   def _slots(self, h, inp: _Inputs, key=None, state=None):
     """The sparse slot memory over the final states: context under a gate, pointer logits, the write gate
@@ -419,7 +447,8 @@ class UniMatrixLM(nnx.Module):
         write_gate_BT=gate, vocab_size=cfg.vocab_size if cfg.pointer else None, cos_scale=cfg.slot_cos_scale,
         strength_update=cfg.slot_strength,
         merge_ids_BT=self._merge_ids(inp, state) if cfg.slot_merge == "key_id" else None,
-        initial_state=None if state is None else state["slots"], return_state=True)
+        initial_state=None if state is None else state["slots"], return_state=True,
+        segment_ids=inp.segment_ids)
     h = h + jax.nn.sigmoid(self.slot_gate(z)) * _dropout(self.drop, self.slot_out(read.context), key, 0)
     pointer = None
     if self.pointer_gate is not None:
