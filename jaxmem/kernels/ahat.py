@@ -20,8 +20,11 @@ intended ties can differ by rounding. The average is ``Σ_{j∈A} v_j / |A|`` ac
 float32: exact for integers below 2**24 divided by the count, else one rounding per add.
 
 Masking: ``causal=True`` lets query ``i`` see keys ``j <= i`` (self-attention, ``T == S``);
-``mask_BS`` (True = a real key) removes padded keys. A query that sees no key at all
-(possible only through ``mask_BS``, or a negative ``q_offset``) returns zeros, never NaN.
+``mask_BS`` (True = a real key) removes padded keys. Hidden keys score ``−inf`` and are excluded by a
+visibility test, so every visible key, whatever its score (``−inf`` included), outranks them. A query that
+sees no key at all (possible only through ``mask_BS``, or a negative ``q_offset``) returns zeros. A NaN among
+a query's visible scores makes its output (and weights) NaN: it propagates, as in softmax attention, instead
+of turning into a silent zero.
 
 KV cache: ``causal=True, q_offset=length`` (integers ``[B]``, as in
 :func:`jaxmem.kernels.attention.softmax_attention`) reads a cache ``k, v [B, S, H, *]`` of any
@@ -51,7 +54,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmem.checks import check_finite_number, check_rank
-from jaxmem.kernels.attention import MASK_VALUE, check_q_offset, check_qkv
+from jaxmem.kernels.attention import check_q_offset, check_qkv
 from jaxmem.kernels.precision import matmul_for
 from jaxmem.kernels.segments import check_segment_ids, segment_index
 
@@ -73,27 +76,33 @@ def _visible(T: int, S: int, causal: bool, mask_S: Optional[jax.Array], q_offset
 
 
 def _argmax_set(scores_TS, visible_TS, tol):
+  """``(chosen [T, S] 0/1, count [T, 1], nan_row [T, 1])``: the argmax set among the visible keys (hidden
+  keys are ``−inf`` and excluded by the visibility test, so any finite or infinite visible score beats them),
+  its size (1 where empty), and the rows with a NaN visible score (whose outputs are NaN, not a default)."""
   s = jax.lax.stop_gradient(scores_TS)
-  s = jnp.where(visible_TS, s, jnp.asarray(MASK_VALUE, s.dtype))
+  s = jnp.where(visible_TS, s, jnp.asarray(-jnp.inf, s.dtype))
   top = jnp.max(s, axis=-1, keepdims=True)
   chosen = visible_TS & (s >= top - jnp.asarray(tol, s.dtype))
   count = jnp.maximum(jnp.sum(chosen, axis=-1, keepdims=True), 1).astype(s.dtype)
-  return jnp.where(chosen, 1.0, 0.0).astype(s.dtype), count
+  nan_row = jnp.any(visible_TS & jnp.isnan(s), axis=-1, keepdims=True)
+  return jnp.where(chosen, 1.0, 0.0).astype(s.dtype), count, nan_row
 
 
 def ahat_weights(scores_TS: jax.Array, visible_TS: jax.Array, tol: float = 0.0) -> jax.Array:
   """Uniform weights over each row's argmax set among the visible keys: ``[T, S]`` → ``[T, S]``.
 
-  Rows with no visible key are all zero."""
-  chosen, count = _argmax_set(scores_TS, visible_TS, tol)
-  return chosen / count
+  Rows with no visible key are all zero; rows with a NaN visible score are all NaN."""
+  chosen, count, nan_row = _argmax_set(scores_TS, visible_TS, tol)
+  return jnp.where(nan_row, jnp.nan, chosen / count)
 
 
 def soft_weights(scores_TS: jax.Array, visible_TS: jax.Array, beta: float) -> jax.Array:
-  """``softmax(β·s)`` over the visible keys; rows with no visible key are all zero."""
-  logits = jnp.where(visible_TS, scores_TS * jnp.asarray(beta, scores_TS.dtype), MASK_VALUE)
-  w = jax.nn.softmax(logits, axis=-1)
-  return jnp.where(jnp.any(visible_TS, axis=-1, keepdims=True), w, 0.0)
+  """``softmax(β·s)`` over the visible keys (hidden keys are ``−inf``: any visible score outweighs them); rows
+  with no visible key are all zero; a NaN visible score makes its row NaN."""
+  seen = jnp.any(visible_TS, axis=-1, keepdims=True)
+  logits = jnp.where(visible_TS, scores_TS * jnp.asarray(beta, scores_TS.dtype), -jnp.inf)
+  w = jax.nn.softmax(jnp.where(seen, logits, 0.0), axis=-1)
+  return jnp.where(seen, w, 0.0)
 
 
 def ahat_head(q_TD, k_SD, v_SE, *, causal: bool = False, mask_S=None, tol: float = 0.0,
@@ -110,9 +119,10 @@ def ahat_head(q_TD, k_SD, v_SE, *, causal: bool = False, mask_S=None, tol: float
   if beta is None:
     # Σ_{j∈A} v_j, then one division by |A|: exact for integer values (sums below 2**24),
     # correctly rounded otherwise up to the sum's own rounding — not Σ fl(1/|A|)·v_j
-    chosen, count = _argmax_set(scores, vis, tol)
-    w = chosen / count
+    chosen, count, nan_row = _argmax_set(scores, vis, tol)
+    w = jnp.where(nan_row, jnp.nan, chosen / count)
     out = dot.einsum("ts,se->te", chosen, v_SE.astype(acc), preferred_element_type=acc) / count
+    out = jnp.where(nan_row, jnp.nan, out)
   else:
     w = soft_weights(scores, vis, beta)
     out = dot.einsum("ts,se->te", w, v_SE.astype(acc), preferred_element_type=acc)

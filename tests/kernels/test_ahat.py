@@ -286,6 +286,25 @@ def test_key_padding_mask_matches_numpy_loop_and_fully_masked_rows_are_zero(caus
   np.testing.assert_array_equal(ahat(q, k2, v2, causal=causal, mask_BS=mask)[0], out)
 
 
+def test_nan_scores_propagate_and_very_negative_scores_outrank_hidden_keys():
+  # row 0: the visible keys score -3e38 (below any finite mask value) and -inf, the hidden one 7: the -3e38 key
+  # is the argmax (it used to lose to the hidden key, giving 0, or all the soft weight going to the hidden
+  # key). Row 1, causal: key 2 scores NaN, so query 2's output is NaN (it used to be a silent 0) and queries
+  # 0 and 1, which do not see key 2, are exact. Hard and soft.
+  q = np.ones((2, 3, 1, 1), np.float32)
+  k = np.array([[-3e38, -np.inf, 7.0], [1.0, 2.0, np.nan]], np.float32).reshape(2, 3, 1, 1)
+  v = np.array([[10.0, 20.0, 30.0], [1.0, 2.0, 3.0]], np.float32).reshape(2, 3, 1, 1)
+  mask = np.array([[True, True, False], [True, True, True]])
+  for attend in (ahat_attention, functools.partial(soft_attention, beta=1.0)):
+    out, w = (np.asarray(x) for x in attend(q, k, v, causal=True, mask_BS=mask, return_weights=True))
+    np.testing.assert_array_equal(out[0, 1:, 0, 0], [10.0, 10.0])   # query 0 sees only key 0
+    np.testing.assert_array_equal(w[0, 0, 1:, 2], [0.0, 0.0])
+    np.testing.assert_allclose(out[1, :2, 0, 0], [1.0, 2.0 if attend is ahat_attention else
+                                                  (1.0 + 2.0 * np.e) / (1.0 + np.e)], rtol=1e-6)
+    assert np.isnan(out[1, 2, 0, 0]) and np.isnan(w[1, 0, 2]).all(), attend
+    assert np.isfinite(out[0]).all() and np.isfinite(out[1, :2]).all()
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_weights_rows_sum_to_one_or_zero(causal):
   q, k, v = _integer_case("binary", seed=4)
