@@ -40,22 +40,38 @@ def _check_vocab(vocab, compiler_bos):
       raise ValueError("`vocab` must not contain None (None is RASP's 'no value').")
   if any(v == compiler_bos for v in vocab):
     raise ValueError(f"`compiler_bos` {compiler_bos!r} equals a token in `vocab`; pick another BOS.")
+  seen = {}
+  for v in vocab:
+    try:
+      hash(v)
+    except TypeError as e:
+      raise ValueError(f"`vocab` token {v!r} is unhashable; tokens must be hashable.") from e
+    if v in seen and type(seen[v]) is not type(v):
+      raise ValueError(f"`vocab` holds {seen[v]!r} and {v!r}, equal in Python but of different "
+                       "types; a compiled model reads them as one token. Keep one.")
+    seen.setdefault(v, v)
   return passes.unique_values(vocab, "vocab")
 
 
 def compile(program: rasp.SOp, vocab: Sequence[Any], max_seq_len: int,  # noqa: A001
-            compiler_bos: Any = "BOS", max_params: Optional[int] = 100_000_000) -> CompiledModel:
+            compiler_bos: Any = "BOS", max_params: Optional[int] = 100_000_000,
+            causal: bool = False) -> CompiledModel:
   """Compiles ``program`` for inputs over ``vocab`` of every length ``1..max_seq_len``.
 
   Returns a :class:`~jaxmem.rasp.model.CompiledModel`; ``.apply(tokens)`` (no BOS) decodes
-  the output at each position. Raises ``ValueError`` for programs that cannot be compiled
-  exactly (see the module docstring), for bad arguments, and — before allocating any
-  weights — when the model would exceed ``max_params`` parameters (None: no limit)."""
+  the output at each position. ``causal=True``: every head sees only the positions at or
+  before its query (BOS always), so the model computes ``rasp.evaluate(program, xs,
+  causal=True)`` (the weights are the same; only the mask differs). Raises ``ValueError``
+  for programs that cannot be compiled exactly (see the module docstring), for bad
+  arguments, and — before allocating any weights — when the model would exceed
+  ``max_params`` parameters (None: no limit)."""
   t0 = time.perf_counter()
   if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, (int, np.integer)) \
       or max_seq_len < 1:
     raise ValueError(f"`max_seq_len` must be a positive integer, got {max_seq_len!r}.")
   max_seq_len = int(max_seq_len)
+  if not isinstance(causal, bool):
+    raise ValueError(f"`causal` must be a bool, got {causal!r}.")
   vocab = _check_vocab(vocab, compiler_bos)
   out = passes.rewrite(program)
   nodes = passes.walk(out)
@@ -64,7 +80,7 @@ def compile(program: rasp.SOp, vocab: Sequence[Any], max_seq_len: int,  # noqa: 
   for e in nodes:  # numerical tokens / Full must be numbers
     if isinstance(e, (rasp.TokensType, rasp.Full)) and rasp.is_numerical(e):
       vs[e]
-  passes.check_none_keys(nodes, vs)
+  none_checked = passes.check_none(nodes, vs, out)
   schedule = passes.allocate(nodes)
   res, tok, pos, layers = craft.build(nodes, out, vs, schedule, vocab, max_seq_len, max_params)
   space = res.spaces[out.unique_id]
@@ -84,13 +100,30 @@ def compile(program: rasp.SOp, vocab: Sequence[Any], max_seq_len: int,  # noqa: 
         wo[i, : h.wo.shape[0]] = h.wo
       d["heads"] = {"wq": wq, "wk": wk, "wv": wv, "wo": wo}
     layer_dicts.append(d)
+  snap = None
+  if space.encoding == "numerical" and not isinstance(out, rasp.Aggregate):
+    # the output's values, well apart in float32: decode each to the interpreter's own value
+    # (type included). Skipped where the value set is too large to infer.
+    try:
+      vals = [v for v in vs[out] if v is not None]
+    except ValueError:
+      vals = []
+    u = np.asarray([float(v) for v in vals])
+    order = np.argsort(u, kind="stable")
+    u = u[order]
+    if u.size and np.all(np.diff(u) > 4e-6 * np.maximum(1.0, np.abs(u[1:]))):
+      snap = [vals[i] for i in order]
   meta = {
       "residual": res.names, "vocab": vocab, "bos": compiler_bos, "max_seq_len": max_seq_len,
-      "tie_tol": craft.TIE_TOL,
+      "tie_tol": craft.TIE_TOL, "causal": causal,
       "output": {"label": out.label, "encoding": space.encoding, "dims": space.dims,
-                 "values": space.values},
+                 "values": space.values, "snap": snap},
       "one_hot_checks": [[e.label, res.spaces[e.unique_id].dims] for e in nodes
                          if isinstance(e, rasp.Aggregate) and rasp.is_categorical(e)],
+      # where these SOps are None (all zero) at a real position the interpreter raises
+      "none_checks": [[e.label, res.spaces[e.unique_id].dims] for e in none_checked],
+      # where a raises dim is set, the SOp's function raised in the interpreter
+      "raise_checks": [[sp.label, sp.raises] for sp in res.spaces.values() if sp.raises is not None],
   }
   model = CompiledModel(embed_token=tok, embed_position=pos, layers=layer_dicts, meta=meta,
                         program=program)

@@ -48,7 +48,16 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from jaxmem.rasp import rasp
-from jaxmem.rasp.passes import Schedule, ValueSets, kind, selects_of, sort_values, value_key
+from jaxmem.rasp.passes import (
+  RAISES,
+  Schedule,
+  ValueSets,
+  call_or_raises,
+  kind,
+  selects_of,
+  sort_values,
+  value_key,
+)
 
 TIE_TOL = 0.25
 STEP_SLOPE = 4.0       # L·gap: the step is saturated at ±2 at the neighbouring values
@@ -66,6 +75,7 @@ class Space:
   encoding: str               # "categorical" | "numerical"
   dims: List[int]
   values: List[Any]           # categorical: the value of each dim; numerical: []
+  raises: Optional[int] = None  # a dim set to 1 where the SOp's function raises (see passes.RAISES)
 
   def position(self, value: Any) -> Optional[int]:
     if not hasattr(self, "_index"):
@@ -205,9 +215,11 @@ def _carry(lane: Lane, fs: List[Functional]) -> List[Functional]:
 
 
 def _encode(space: Space, value: Any) -> Dict[int, float]:
-  """The residual vector of ``value`` in ``space`` (None: zero)."""
+  """The residual vector of ``value`` in ``space`` (None: zero; RAISES: the raises dim)."""
   if value is None:
     return {}
+  if value is RAISES:
+    return {space.raises: 1.0}
   if space.encoding == "numerical":
     if not (isinstance(value, (int, float, bool, np.number))):
       raise ValueError(f"numerical SOp '{space.label}' takes the non-numerical value "
@@ -287,18 +299,69 @@ def _operand_indicators(lane: Lane, op: _Operand, keys: List[Any]):
   return 2, _segments(len(op.u), cuts, alive, steps), [r[0] for r in runs]
 
 
-def _call(e, f, *args):
-  try:
-    return f(*args)
-  except Exception as exc:
-    raise ValueError(f"the function of '{e.label}' raised {type(exc).__name__}: {exc} on "
-                     f"{args!r}.") from exc
+def _raise_dim(e: rasp.SOp, outs, res: Residual) -> None:
+  """Gives ``e``'s space a raises dim when its function raises on some input of its lane."""
+  sp = res.spaces[e.unique_id]
+  if sp.raises is None and any(y is RAISES for y in outs):
+    sp.raises = res.add(f"{sp.label}:raises")
+
+
+def _same(a, b, numerical: bool) -> bool:
+  if numerical and a is not RAISES and b is not RAISES and a is not None and b is not None:
+    return abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(b)))
+  return value_key(a) == value_key(b) and (a is RAISES) == (b is RAISES)
+
+
+def _near(x: float, eps: float) -> List[float]:
+  """Floats the interpreter may hold for the value ``x`` of a SOp computed to within ``eps``:
+  both ends of ``[x − eps, x + eps]`` and the 4 floats on each side of ``x`` inside it."""
+  out = [x - eps, x + eps]
+  for direction in (-np.inf, np.inf):
+    t = x
+    for _ in range(4):
+      t = float(np.nextafter(t, direction))
+      if abs(t - x) <= eps:
+        out.append(t)
+  return out
+
+
+def check_rounding(e: rasp.SOp, f, op: "_Operand", vs: ValueSets, others=((),)) -> None:
+  """A function of a SOp whose interpreter values are known only to within rounding (a
+  numerical mean of non-integer values, summed left to right in floats) must not change
+  within that rounding: ``f`` is evaluated near each value (see :func:`_near`) with each of
+  ``others`` (the other operand's values), and a change raises ``ValueError``. A numerical
+  ``e`` passes on the largest change as its own rounding."""
+  bound = vs.rounding.get(op.e.unique_id)
+  if not bound or not op.numerical:
+    return
+  numerical = rasp.is_numerical(e)
+  worst = 0.0
+  for x in op.values:
+    if x is None:
+      continue
+    eps = bound[0] + bound[1] * abs(float(x))
+    for rest in others:
+      ref = call_or_raises(f, x, *rest)
+      for t in _near(float(x), eps):
+        y = call_or_raises(f, t, *rest)
+        if not _same(y, ref, numerical):
+          raise ValueError(
+              f"'{e.label}' changes from {ref!r} to {y!r} between {x!r} and {t!r}, within the "
+              f"float rounding (±{eps:.2g}) of its input '{op.e.label}' (a mean of non-integer "
+              "values, which the interpreter sums in floats): the compiled model and the "
+              "interpreter could disagree. Round the input first, or compare with a margin.")
+        if numerical and ref is not RAISES and ref is not None and y is not None:
+          worst = max(worst, abs(float(y) - float(ref)))
+  if numerical and worst:
+    vs.rounding[e.unique_id] = (max(vs.rounding.get(e.unique_id, (0.0, 0.0))[0], 2.0 * worst), 0.0)
 
 
 def map_lane(e: rasp.Map, vs: ValueSets, res: Residual) -> Lane:
   lane = Lane(e.label)
   op = _Operand(e.inner, vs, res)
-  outs = [None if v is None else _call(e, e.f, v) for v in op.values]
+  check_rounding(e, e.f, op, vs)
+  outs = [None if v is None else call_or_raises(e.f, v) for v in op.values]
+  _raise_dim(e, outs, res)
   depth, inds, reps = _operand_indicators(lane, op, outs)
   space = res.spaces[e.unique_id]
   # categorical input: one ReLU layer of class indicators. Numerical input: the segment
@@ -339,8 +402,13 @@ def linear_lane(e: rasp.LinearSequenceMap, res: Residual) -> Lane:
 def sequence_map_lane(e: rasp.SequenceMap, vs: ValueSets, res: Residual) -> Lane:
   lane = Lane(e.label)
   a, b = _Operand(e.fst, vs, res), _Operand(e.snd, vs, res)
-  table = [[None if (x is None or y is None) else _call(e, e.f, x, y) for y in b.values]
+  bvals = [(y,) for y in b.values if y is not None]
+  avals = [(x,) for x in a.values if x is not None]
+  check_rounding(e, e.f, a, vs, bvals)
+  check_rounding(e, lambda y, x: e.f(x, y), b, vs, avals)
+  table = [[None if (x is None or y is None) else call_or_raises(e.f, x, y) for y in b.values]
            for x in a.values]
+  _raise_dim(e, [y for row in table for y in row], res)
   rows = [tuple(value_key(t) for t in r) for r in table]
   cols = [tuple(value_key(table[i][j]) for i in range(len(a.values))) for j in range(len(b.values))]
   # Operand a's lane layers first, then b's are built in a separate lane and merged.
@@ -589,6 +657,34 @@ def build(nodes: Sequence[rasp.RASPExpr], output: rasp.SOp, vs: ValueSets, sched
     res.add_sop(e, None if rasp.is_numerical(e) else vs[e])
     if isinstance(e, rasp.SelectorWidth):
       scratch[e.unique_id] = res.add(f"{e.label}:1/(w+1)")
+  # per-layer MLP lanes first: a lane may add a raises dim to the residual
+  L = schedule.num_layers
+  attn: List[List[Head]] = [[] for _ in range(L)]
+  lanes: List[List[Lane]] = [[] for _ in range(L)]
+  for e in sops:
+    k = kind(e)
+    if k == "attn":
+      layer = schedule.slot[e.unique_id] // 2
+      if e.default is not None and _encode(res.spaces[e.unique_id], e.default):
+        lanes[layer].append(cleanup_lane(e.label, res.spaces[e.unique_id], e.default))
+    elif k == "width":
+      layer = schedule.attn_slot[e.unique_id] // 2
+      lanes[layer].append(width_lane(e, scratch[e.unique_id], vs, res, max_seq_len))
+    elif k == "mlp":
+      layer = schedule.slot[e.unique_id] // 2
+      if isinstance(e, rasp.LinearSequenceMap) and rasp.is_numerical(e.fst) and \
+          rasp.is_numerical(e.snd) and rasp.is_numerical(e):
+        lanes[layer].append(linear_lane(e, res))
+        if any(c.unique_id in vs.rounding for c in (e.fst, e.snd)):
+          err = 0.0
+          for c, fac in ((e.fst, e.fst_fac), (e.snd, e.snd_fac)):
+            a, r = vs.rounding.get(c.unique_id, (0.0, 0.0))
+            err += abs(fac) * (a + r * float(np.max(np.abs(vs.numbers(c)))))
+          vs.rounding[e.unique_id] = (1.01 * err, 4 * 2.0 ** -53)
+      elif isinstance(e, rasp.SequenceMap):
+        lanes[layer].append(sequence_map_lane(e, vs, res))
+      else:
+        lanes[layer].append(map_lane(e, vs, res))
   d = res.width
   # embeddings: tokens (vocab order, then BOS) and positions (0 = BOS, p = index p-1)
   tok = np.zeros((len(vocab) + 1, d))
@@ -608,30 +704,12 @@ def build(nodes: Sequence[rasp.RASPExpr], output: rasp.SOp, vs: ValueSets, sched
     elif isinstance(e, rasp.Full):
       for dim, val in _encode(sp, e.fill).items():
         tok[: len(vocab), dim] = val
-  # per-layer ops
-  L = schedule.num_layers
-  attn: List[List[Head]] = [[] for _ in range(L)]
-  lanes: List[List[Lane]] = [[] for _ in range(L)]
   for e in sops:
     k = kind(e)
     if k == "attn":
-      layer = schedule.slot[e.unique_id] // 2
-      attn[layer].append(build_head(e, res, d, None))
-      if e.default is not None and _encode(res.spaces[e.unique_id], e.default):
-        lanes[layer].append(cleanup_lane(e.label, res.spaces[e.unique_id], e.default))
+      attn[schedule.slot[e.unique_id] // 2].append(build_head(e, res, d, None))
     elif k == "width":
-      layer = schedule.attn_slot[e.unique_id] // 2
-      attn[layer].append(build_head(e, res, d, scratch[e.unique_id]))
-      lanes[layer].append(width_lane(e, scratch[e.unique_id], vs, res, max_seq_len))
-    elif k == "mlp":
-      layer = schedule.slot[e.unique_id] // 2
-      if isinstance(e, rasp.LinearSequenceMap) and rasp.is_numerical(e.fst) and \
-          rasp.is_numerical(e.snd) and rasp.is_numerical(e):
-        lanes[layer].append(linear_lane(e, res))
-      elif isinstance(e, rasp.SequenceMap):
-        lanes[layer].append(sequence_map_lane(e, vs, res))
-      else:
-        lanes[layer].append(map_lane(e, vs, res))
+      attn[schedule.attn_slot[e.unique_id] // 2].append(build_head(e, res, d, scratch[e.unique_id]))
   if max_params is not None:
     est = estimate_params(d, attn, lanes) + tok.size + pos.size
     if est > max_params:

@@ -5,7 +5,7 @@ Forward pass (``x`` the residual ``[B, T, d]``, position 0 = BOS)::
 
     x = token_embed[ids] + position_embed[0..T−1]
     for each layer ℓ:
-      x = x + Σ_h AHAT(x Wq[h], x Wk[h], x Wv[h]) Wo[h]          (non-causal, tol ¼)
+      x = x + Σ_h AHAT(x Wq[h], x Wk[h], x Wv[h]) Wo[h]          (tol ¼; causal if compiled so)
       x = x + W_D relu(… relu(x W_1 + b_1) …) + b_D              (the layer's MLP)
 
 All matmuls use ``precision="highest"`` (exactness is the contract). Padded positions are
@@ -20,7 +20,8 @@ Exported weights (:meth:`CompiledModel.export`, :func:`load`) are one ``.npz``:
   zero columns to a common dk, dv) and ``layer{l}/mlp/w{j} [in, out]``, ``layer{l}/mlp/b{j}``
   for ``j = 0..D`` (absent when the layer has no MLP);
 * ``meta``: a JSON string (``residual`` names, ``vocab``, ``bos``, ``max_seq_len``, the
-  output's ``label``/``encoding``/``dims``/``values``, ``tie_tol``, per-layer op labels).
+  output's ``label``/``encoding``/``dims``/``values``, ``tie_tol``, ``causal``, per-layer op
+  labels, and the run-time checks: ``one_hot_checks``, ``none_checks``, ``raise_checks``).
 
 Any framework can run it: the attention is "scores ``q·k``, keep those ``≥ max − tol``
 among real keys, average their values".
@@ -45,8 +46,10 @@ HIGHEST = jax.lax.Precision.HIGHEST
 
 
 class AHATLayer(nnx.Module):
-  def __init__(self, heads: Optional[Dict[str, np.ndarray]], mlp: List[tuple], tol: float):
+  def __init__(self, heads: Optional[Dict[str, np.ndarray]], mlp: List[tuple], tol: float,
+               causal: bool = False):
     self.has_attn = heads is not None
+    self.causal = causal
     if self.has_attn:
       self.wq = param(device_array(heads["wq"], jnp.float32), ("heads", "embed", None))
       self.wk = param(device_array(heads["wk"], jnp.float32), ("heads", "embed", None))
@@ -57,13 +60,19 @@ class AHATLayer(nnx.Module):
     self.tol = tol
 
   def __call__(self, x, mask):
-    attn = None
+    attn = scores = None
     if self.has_attn:
       q = jnp.einsum("btd,hdk->bthk", x, self.wq[...], precision=HIGHEST)
       k = jnp.einsum("btd,hdk->bthk", x, self.wk[...], precision=HIGHEST)
       v = jnp.einsum("btd,hdk->bthk", x, self.wv[...], precision=HIGHEST)
-      o, attn = ahat_attention(q, k, v, mask_BS=mask, tol=self.tol, return_weights=True)
+      o, attn = ahat_attention(q, k, v, causal=self.causal, mask_BS=mask, tol=self.tol,
+                               return_weights=True)
       x = x + jnp.einsum("bthk,hkd->btd", o, self.wo[...], precision=HIGHEST)
+      T = x.shape[1]
+      visible = mask[:, None, None, :]
+      if self.causal:
+        visible = visible & jnp.tril(jnp.ones((T, T), bool))[None, None]
+      scores = jnp.where(visible, jnp.einsum("bthk,bshk->bhts", q, k, precision=HIGHEST), -1e30)
     after_attn = x
     if len(self.mlp_w):
       h = x
@@ -73,27 +82,30 @@ class AHATLayer(nnx.Module):
         if j < n - 1:
           h = jax.nn.relu(h)
       x = x + h
-    return x, after_attn, attn
+    return x, after_attn, attn, scores
 
 
 class AHATTransformer(nnx.Module):
   """The compiled transformer: ``(ids [B, T], mask [B, T]) -> residual [B, T, d]`` plus the
-  residual after every sublayer and every layer's attention maps ``[B, H, T, T]``."""
+  residual after every sublayer, every layer's attention maps ``[B, H, T, T]`` and scores
+  ``[B, H, T, T]`` (hidden keys at −1e30)."""
 
-  def __init__(self, token_embed, position_embed, layers: List[dict], tol: float):
+  def __init__(self, token_embed, position_embed, layers: List[dict], tol: float,
+               causal: bool = False):
     self.token_embed = param(device_array(token_embed, jnp.float32), ("vocab", "embed"))
     self.position_embed = param(device_array(position_embed, jnp.float32), ("length", "embed"))
-    self.layers = nnx.List([AHATLayer(l.get("heads"), l.get("mlp", []), tol) for l in layers])
+    self.layers = nnx.List([AHATLayer(l.get("heads"), l.get("mlp", []), tol, causal) for l in layers])
 
   def __call__(self, ids_BT, mask_BT):
     T = ids_BT.shape[1]
     x = self.token_embed[...][ids_BT] + self.position_embed[...][:T][None]
-    residuals, maps = [x], []
+    residuals, maps, scores = [x], [], []
     for layer in self.layers:
-      x, mid, attn = layer(x, mask_BT)
+      x, mid, attn, sc = layer(x, mask_BT)
       residuals += [mid, x]
       maps.append(attn)
-    return x, residuals, maps
+      scores.append(sc)
+    return x, residuals, maps, scores
 
 
 class Trace(dict):
@@ -121,10 +133,14 @@ class CompiledModel:
     self.residual_names = list(meta["residual"])
     self._layers_np = layers
     self._embed = (np.asarray(embed_token), np.asarray(embed_position))
-    self.model = AHATTransformer(embed_token, embed_position, layers, float(meta["tie_tol"]))
+    self.causal = bool(meta.get("causal", False))
+    snap = meta["output"].get("snap")
+    self._snap_values = None if snap is None else (np.asarray([float(v) for v in snap]), list(snap))
+    self.model = AHATTransformer(embed_token, embed_position, layers, float(meta["tie_tol"]),
+                                 self.causal)
     self._token_id = {}
     for i, t in enumerate(self.vocab):
-      self._token_id.setdefault(value_key(t), i)
+      self._token_id.setdefault(value_key(t), (i, type(t)))
     graphdef, state = nnx.split(self.model)
     self._forward = jax.jit(lambda ids, mask: nnx.merge(graphdef, state)(ids, mask))
 
@@ -180,11 +196,12 @@ class CompiledModel:
                          f"{self.max_seq_len} the model was compiled for.")
       ids[b, 0] = len(self.vocab)
       for i, t in enumerate(xs):
+        t = t.item() if isinstance(t, np.generic) else t
         j = self._token_id.get(value_key(t))
-        if j is None:
-          raise ValueError(f"input token {t!r} at position {i} is not in the compiled vocab "
-                           f"{self.vocab!r}.")
-        ids[b, i + 1] = j
+        if j is None or (j[1] is not type(t) and not isinstance(t, str)):
+          raise ValueError(f"input token {t!r} ({type(t).__name__}) at position {i} is not in the "
+                           f"compiled vocab {self.vocab!r}.")
+        ids[b, i + 1] = j[0]
       mask[b, : len(xs) + 1] = True
     return ids, mask
 
@@ -197,7 +214,7 @@ class CompiledModel:
   def residual(self, inputs_batch: Sequence[Sequence[Any]]) -> np.ndarray:
     """The final residual ``[B, N+1, d]`` (padded) for a batch of inputs without BOS."""
     ids, mask = self._encode(inputs_batch)
-    out, _, _ = self._forward(ids, mask)
+    out = self._forward(ids, mask)[0]
     return np.asarray(out)
 
   def apply_batch(self, inputs_batch: Sequence[Sequence[Any]], chunk: int = 512) -> List[list]:
@@ -222,7 +239,7 @@ class CompiledModel:
     """Per-sublayer residuals and per-layer attention maps of one input (BOS at row 0)."""
     xs, _ = self._split_bos(inputs)
     ids, mask = self._encode([xs])
-    _, residuals, maps = self._forward(ids, mask)
+    _, residuals, maps, _ = self._forward(ids, mask)
     n = len(xs) + 1
     return Trace(residuals=[np.asarray(r[0, :n]) for r in residuals],
                  attention=[None if m is None else np.asarray(m[0, :, :n, :n]) for m in maps],
@@ -244,12 +261,41 @@ class CompiledModel:
             f"({np.round(v[i], 4).tolist()}): it averaged positions holding different values, "
             "which a categorical SOp cannot represent; make it numerical or select one position.")
 
+  def _check_raises(self, rows: np.ndarray) -> None:
+    """Where the interpreter raises, so does the model: a SOp whose function raised (its raises
+    dim is set), or a SOp that is None (all zero) where a Comparison reads it as a key or query."""
+    for label, dim in self.meta.get("raise_checks", []):
+      hit = np.flatnonzero(rows[:, dim] > 0.5)
+      if hit.size:
+        raise ValueError(f"the function of '{label}' raises at position {int(hit[0])} (in the "
+                         "interpreter too): the input is outside the program's domain.")
+    for label, dims in self.meta.get("none_checks", []):
+      v = rows[:, dims]
+      none = np.max(np.abs(v), axis=1) < 1e-3 if v.size else np.ones(len(rows), bool)
+      if np.any(none):
+        raise ValueError(f"'{label}' is None at position {int(np.argmax(none))}, where a Select's "
+                         "Comparison reads it (the interpreter raises 'key is None!' / 'query is "
+                         "None!'): the input is outside the program's domain.")
+
+  def _snap(self, x: float):
+    """A numerical output as the interpreter's value (type included) when the output's value
+    set is known (``meta.output.snap``, sorted) and one value is within float32 rounding."""
+    snap = self._snap_values
+    if snap is None:
+      return x
+    i = int(np.searchsorted(snap[0], x))
+    for j in (i - 1, i):
+      if 0 <= j < len(snap[0]) and abs(snap[0][j] - x) <= 1e-6 + 1e-6 * abs(snap[0][j]):
+        return snap[1][j]
+    return x
+
   def _decode(self, rows: np.ndarray) -> list:
+    self._check_raises(rows)
     self._check_one_hot(rows)
     o = self.meta["output"]
     dims = o["dims"]
     if o["encoding"] == "numerical":
-      return [float(v) for v in rows[:, dims[0]]]
+      return [self._snap(float(v)) for v in rows[:, dims[0]]]
     vals = rows[:, dims]
     out = []
     for i, r in enumerate(vals):
@@ -287,6 +333,8 @@ class CompiledModel:
     meta["bos"] = _to_json(self.bos, "compiler_bos")
     meta["output"] = dict(meta["output"], values=[_to_json(v, "output value")
                                                   for v in meta["output"]["values"]])
+    if meta["output"].get("snap") is not None:
+      meta["output"]["snap"] = [_to_json(v, "output value") for v in meta["output"]["snap"]]
     meta["layers"] = [{"attn_ops": l.get("attn_ops", []), "mlp_ops": l.get("mlp_ops", []),
                        "mlp_depth": len(l.get("mlp", []))} for l in self._layers_np]
     path = str(path)
@@ -338,5 +386,7 @@ def load(path) -> CompiledModel:
   meta["vocab"] = [_from_json(v) for v in meta["vocab"]]
   meta["bos"] = _from_json(meta["bos"])
   meta["output"]["values"] = [_from_json(v) for v in meta["output"]["values"]]
+  if meta["output"].get("snap") is not None:
+    meta["output"]["snap"] = [_from_json(v) for v in meta["output"]["snap"]]
   return CompiledModel(embed_token=arrays["embed/token"], embed_position=arrays["embed/position"],
                        layers=layers, meta=meta)

@@ -41,7 +41,7 @@ def sort_values(values) -> list:
 
 def value_key(v: Any):
   """A dict key for a RASP value: strings apart from numbers (``"1"`` is not ``1``), numbers
-  by value (``1 == 1.0``, which :func:`unique_values` keeps out of one value set), and
+  by value (``1 == 1.0``: one slot, see :func:`unique_values`), and
   unhashable values (a function's table entries) by ``repr``."""
   try:
     hash(v)
@@ -51,9 +51,9 @@ def value_key(v: Any):
 
 
 def unique_values(values, label: str) -> list:
-  """The distinct values, sorted; values that Python calls equal but of different types
-  (``True == 1 == 1.0``) are refused: a one-hot dimension can hold only one of them, and
-  the interpreter would keep them apart (``str``, ``type``)."""
+  """The distinct values, sorted. Values that Python calls equal (``True == 1 == 1.0``,
+  ``0 == 0.0``) are one value, kept as the first one seen: they share one one-hot slot, as
+  they share one key of a dict and behave alike under ``==`` and arithmetic."""
   seen: Dict[Any, Any] = {}
   for v in values:
     try:
@@ -61,11 +61,28 @@ def unique_values(values, label: str) -> list:
     except TypeError as exc:
       raise ValueError(f"'{label}' takes the unhashable value {v!r}; categorical values must be "
                        "hashable (use a tuple, not a list).") from exc
-    if v in seen and type(seen[v]) is not type(v) and not isinstance(v, str):
-      raise ValueError(f"'{label}' takes the values {seen[v]!r} and {v!r}, equal in Python but of "
-                       "different types; a compiled one-hot cannot tell them apart. Use one type.")
     seen.setdefault(v, v)
   return sort_values(seen.values())
+
+
+class _Raises:
+  """The value of a function at an input where it raises (treated as unreachable when
+  inferring value sets, as tracr does for arithmetic errors; a compiled model that meets
+  one at run time raises as the interpreter does)."""
+
+  def __repr__(self):
+    return "<raises>"
+
+
+RAISES = _Raises()
+
+
+def call_or_raises(f: Callable, *args):
+  """``f(*args)``, or :data:`RAISES` when it raises."""
+  try:
+    return f(*args)
+  except Exception:  # noqa: BLE001 - any error of a user function marks the input unreachable
+    return RAISES
 
 
 def is_number(v: Any) -> bool:
@@ -341,6 +358,8 @@ class ValueSets:
     self.vocab = list(vocab)
     self.N = max_seq_len
     self.memo: Dict[int, list] = {}
+    # numerical SOp -> (a, r): the interpreter's value of exact value x is within a + r·|x|
+    self.rounding: Dict[int, tuple] = {}
 
   def __getitem__(self, e: rasp.SOp) -> list:
     if e.unique_id not in self.memo:
@@ -365,12 +384,11 @@ class ValueSets:
     vals = [0.0 if v is None else float(v) for v in self[e]]
     return np.unique(np.asarray(vals, np.float64))
 
-  def _apply(self, e, f, *args):
-    try:
-      return f(*args)
-    except Exception as exc:  # a user's function failing on a value in the inferred set
-      raise ValueError(f"the function of '{e.label}' raised {type(exc).__name__}: {exc} on "
-                       f"input {args!r} from the inferred value set.") from exc
+  def _image(self, e, pairs) -> list:
+    """The values ``e.f`` takes on ``pairs``; inputs where it raises are left out (value
+    sets over-approximate: such an input may never occur, e.g. ``1 / (n − i)`` at ``n = i``)."""
+    out = [call_or_raises(e.f, *args) for args in pairs]
+    return unique_values([y for y in out if y is not RAISES], e.label)
 
   def _infer(self, e: rasp.SOp) -> list:
     if isinstance(e, rasp.TokensType):
@@ -380,14 +398,13 @@ class ValueSets:
     if isinstance(e, rasp.Full):
       return [e.fill]
     if isinstance(e, rasp.Map):
-      return unique_values([self._apply(e, e.f, x) for x in self[e.inner] if x is not None], e.label)
+      return self._image(e, [(x,) for x in self[e.inner] if x is not None])
     if isinstance(e, rasp.SequenceMap):
       a, b = self[e.fst], self[e.snd]
       if len(a) * len(b) > MAX_VALUE_SET:
         raise ValueError(f"SequenceMap '{e.label}' has {len(a)}×{len(b)} input pairs, more "
                          f"than {MAX_VALUE_SET}; declare smaller value sets.")
-      return unique_values([self._apply(e, e.f, x, y) for x in a for y in b
-                            if x is not None and y is not None], e.label)
+      return self._image(e, [(x, y) for x in a for y in b if x is not None and y is not None])
     if isinstance(e, rasp.SelectorWidth):
       return list(range(self.N + 1))
     if isinstance(e, rasp.Aggregate):
@@ -409,6 +426,9 @@ class ValueSets:
     base = np.unique(np.asarray([float(v) for v in raw], np.float64))
     default = 0.0 if e.default is None else float(e.default)
     out = [np.asarray([default])]
+    inherited = self.rounding.get(e.sop.unique_id)   # the input's own rounding, passed on
+    if inherited:
+      self.rounding[e.unique_id] = inherited
     if base.size and np.all(base == np.round(base)) and np.max(np.abs(base)) < 2 ** 40:
       sums = np.zeros(1)
       for w in range(1, self.N + 1):
@@ -416,6 +436,17 @@ class ValueSets:
         self._cap(e, sums.size * (self.N - w + 1))
         out.append(sums / w)
       return np.unique(np.concatenate(out))
+    # The interpreter sums floats left to right, so it may return any value within the
+    # error bound of a sequential sum (γ_{N−1}·Σ|v| / w) and of the division (u·|mean|) of
+    # the exact mean computed here; Maps reading this are checked against that bound. With
+    # terms of one sign Σ|v| / w is |mean|, so the bound is relative.
+    u = 2.0 ** -53
+    a0, r0 = inherited or (0.0, 0.0)
+    g = 1.01 * (self.N + 1) * u
+    if np.all(base >= 0) or np.all(base <= 0):
+      self.rounding[e.unique_id] = (a0, r0 + g + u)
+    else:
+      self.rounding[e.unique_id] = (a0 + g * float(np.max(np.abs(base))), r0 + u)
     fb = {fractions.Fraction(float(v)) for v in base}
     sums = {fractions.Fraction(0)}
     for w in range(1, self.N + 1):
@@ -431,32 +462,61 @@ class ValueSets:
                        "or a smaller max_seq_len.")
 
 
-def check_none_keys(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets") -> None:
-  """A compiled selector compares one-hots, and a ``None`` key or query is the zero vector,
-  so it matches nothing; the interpreter instead calls the predicate on ``None`` (tracr's
-  Comparisons raise there). A SOp that may be ``None`` (a categorical Aggregate with
-  default None, a Map returning None, or anything computed from one) as the key or query
-  of a predicate that is not a :class:`~jaxmem.rasp.rasp.Comparison` is refused."""
+def maybe_none(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets") -> Dict[int, bool]:
+  """Which SOps may be ``None`` somewhere: an Aggregate with default None (or of a SOp that
+  may be None), a Map / SequenceMap of one, or one whose function returns None."""
   maybe: Dict[int, bool] = {}
   for e in nodes:
-    if not isinstance(e, rasp.SOp) or rasp.is_numerical(e):
-      maybe[e.unique_id] = False
-      continue
     if isinstance(e, rasp.Aggregate):
-      maybe[e.unique_id] = e.default is None or maybe.get(e.sop.unique_id, False)
+      maybe[e.unique_id] = e.default is None or maybe[e.sop.unique_id]
     elif isinstance(e, (rasp.Map, rasp.SequenceMap)):
-      maybe[e.unique_id] = any(maybe.get(c.unique_id, False) for c in e.children) or \
-          any(v is None for v in vs[e])
+      maybe[e.unique_id] = any(maybe[c.unique_id] for c in e.children) or \
+          (rasp.is_categorical(e) and any(v is None for v in vs[e]))
     else:
       maybe[e.unique_id] = False
+  return maybe
+
+
+def check_none(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets", output: rasp.SOp) -> List[rasp.SOp]:
+  """``None`` where a compiled model cannot follow the interpreter → ``ValueError`` naming
+  the SOp; returns the SOps whose ``None`` makes the interpreter raise (the keys and queries
+  of :class:`~jaxmem.rasp.rasp.Comparison` Selects: tracr's Comparisons raise on None), which
+  the compiled model checks at run time.
+
+  * A numerical SOp computed from a SOp that may be None, and read by another op: the
+    interpreter passes None on, a numerical dimension holds a number (0), and a later op
+    would turn it into a real value. As the program's output it reads 0.
+  * A SOp that may be None as the key or query of a predicate that is not a Comparison:
+    the interpreter calls the predicate on None, a compiled head (None is the zero vector)
+    matches nothing."""
+  maybe = maybe_none(nodes, vs)
+  read = {c.unique_id for n in nodes for c in n.children}
+  read |= {s.unique_id for n in nodes if kind(n) in ("attn", "width") for s in sop_inputs(n)}
   for e in nodes:
-    if isinstance(e, rasp.Select) and not isinstance(e.predicate, rasp.Comparison):
-      for role, sop in (("key", e.keys), ("query", e.queries)):
-        if maybe.get(sop.unique_id, False):
-          raise ValueError(
-              f"the {role} '{sop.label}' of Select '{e.label}' may be None, where the "
-              "interpreter calls the predicate on None but a compiled head matches nothing; "
-              "give its Aggregate a default, or use a rasp.Comparison predicate.")
+    if isinstance(e, (rasp.Map, rasp.SequenceMap, rasp.Aggregate)) and rasp.is_numerical(e) \
+        and e is not output and e.unique_id in read:
+      ins = [e.sop] if isinstance(e, rasp.Aggregate) else list(e.children)
+      bad = [c for c in ins if maybe[c.unique_id]]
+      if bad:
+        raise ValueError(
+            f"numerical SOp '{e.label}' reads '{bad[0].label}', which may be None: the interpreter "
+            "passes None on, but a numerical dimension holds a number, which the ops reading "
+            f"'{e.label}' would treat as a value. Give the Aggregate it comes from a default, or "
+            "make it categorical.")
+  checked: Dict[int, rasp.SOp] = {}
+  for e in nodes:
+    if not isinstance(e, rasp.Select):
+      continue
+    for role, sop in (("key", e.keys), ("query", e.queries)):
+      if not maybe[sop.unique_id]:
+        continue
+      if not isinstance(e.predicate, rasp.Comparison):
+        raise ValueError(
+            f"the {role} '{sop.label}' of Select '{e.label}' may be None, where the "
+            "interpreter calls the predicate on None but a compiled head matches nothing; "
+            "give its Aggregate a default, or use a rasp.Comparison predicate.")
+      checked[sop.unique_id] = sop
+  return list(checked.values())
 
 
 # ----------------------------------------------------------------------------- layers
@@ -498,6 +558,6 @@ def allocate(nodes: Sequence[rasp.RASPExpr]) -> Schedule:
   return Schedule(slot, attn_slot, num_layers=(top + 2) // 2 if top >= 0 else 0)
 
 
-__all__ = ["MAX_VALUE_SET", "Schedule", "ValueSets", "allocate", "check_none_keys", "check_types", "consumers",
-           "is_number", "kind", "rewrite", "selects_of", "sop_inputs", "sort_values", "unique_values",
-           "value_key", "walk"]
+__all__ = ["MAX_VALUE_SET", "RAISES", "Schedule", "ValueSets", "allocate", "call_or_raises", "check_none",
+           "check_types", "consumers", "is_number", "kind", "maybe_none", "rewrite", "selects_of", "sop_inputs",
+           "sort_values", "unique_values", "value_key", "walk"]

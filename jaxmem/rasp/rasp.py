@@ -33,25 +33,69 @@ Map, never compare SOps with ``==``; use ``is``.
 
 from __future__ import annotations
 
+import abc
+import collections.abc
 import copy as _copy
 import enum
 import itertools
 import numbers
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+import threading
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, TypeVar, Union
 
-Value = Any
 SelectorValue = List[List[bool]]
+NumericValue = Union[int, float]
+Value = Union[None, int, float, str, bool]
+VT = TypeVar("VT", bound=Value)
+RASPExprT = TypeVar("RASPExprT", bound="RASPExpr")
+SOpT = TypeVar("SOpT", bound="SOp")
+T = TypeVar("T")
 
 __all__ = [
-    "Aggregate", "And", "Comparison", "ConstantSOp", "ConstantSelector", "Encoding", "Full",
-    "IndicesType", "LengthType", "LinearSequenceMap", "Map", "Not", "Or", "RASPExpr", "SOp",
-    "Select", "Selector", "SelectorAnd", "SelectorNot", "SelectorOr", "SelectorWidth",
-    "SequenceMap", "TokensType", "annotate", "categorical", "evaluate", "get_encoding",
+    "DEFAULT_ANNOTATORS", "Aggregate", "And", "Annotator", "Comparison", "ConstantSOp",
+    "ConstantSelector", "DefaultRASPEvaluator", "Encoding", "Full", "IndicesType", "LengthType",
+    "LinearSequenceMap", "Map", "Not", "NumericValue", "Or", "Predicate", "RASPEvaluator",
+    "RASPExpr", "RASPExprT", "SOp", "SOpT", "Select", "Selector", "SelectorAnd", "SelectorNot",
+    "SelectorOr", "SelectorValue", "SelectorWidth", "SequenceMap", "T", "TokensType", "VT", "Value",
+    "annotate", "categorical", "default_encoding", "default_name", "evaluate", "get_encoding",
     "indices", "is_categorical", "is_numerical", "length", "numerical", "selector_and",
     "selector_not", "selector_or", "sop_not", "tokens",
 ]
 
 _ids = itertools.count()
+
+
+class Annotator(Protocol):
+  """A default annotation: called with the expression the first time its key is read."""
+
+  def __call__(self, expr: "RASPExpr") -> Any: ...
+
+
+# Default annotations, computed when first read (tracr's hook): ``DEFAULT_ANNOTATORS[key](expr)``
+# gives ``expr.annotations[key]`` when the key was never set. ``name`` and ``encoding`` are
+# registered below.
+DEFAULT_ANNOTATORS: Dict[str, Annotator] = {}
+
+
+class _Annotations(collections.abc.Mapping):
+  """``expr.annotations``: the keys set on the node, and on reading a missing key, its default
+  from :data:`DEFAULT_ANNOTATORS` (as tracr's; ``"name" in expr.annotations`` is therefore true)."""
+
+  def __init__(self, expr: "RASPExpr"):
+    self._expr = expr
+
+  def __getitem__(self, key: str) -> Any:
+    own = self._expr._annotations
+    if key in own:
+      return own[key]
+    if key in DEFAULT_ANNOTATORS:
+      return DEFAULT_ANNOTATORS[key](self._expr)
+    raise KeyError(f"no annotation {key!r} on {self._expr!r}; set keys: {sorted(own)}.")
+
+  def __iter__(self):
+    return iter(self._expr._annotations)
+
+  def __len__(self):
+    return len(self._expr._annotations)
 
 
 class RASPExpr:
@@ -67,8 +111,13 @@ class RASPExpr:
   __hash__ = object.__hash__  # SOps overload ==, so hashing must stay by identity
 
   @property
-  def annotations(self) -> Dict[str, Any]:
-    return dict(self._annotations)
+  def annotations(self) -> Mapping[str, Any]:
+    """The annotations (read-only; missing keys fall back to :data:`DEFAULT_ANNOTATORS`)."""
+    return _Annotations(self)
+
+  @annotations.setter
+  def annotations(self, annotations: Mapping[str, Any]):
+    self._annotations = dict(annotations)
 
   @property
   def children(self) -> Sequence["RASPExpr"]:
@@ -285,6 +334,12 @@ def sop_not(sop: SOp) -> SOp:
 
 
 # ----------------------------------------------------------------------------- selectors
+
+
+class Predicate(Protocol):
+  """What :class:`Select` takes: ``predicate(key, query) -> bool``."""
+
+  def __call__(self, key: Value, query: Value) -> bool: ...
 
 
 class Comparison(enum.Enum):
@@ -511,6 +566,24 @@ def get_encoding(sop: SOp) -> Encoding:
   return sop._annotations.get("encoding", Encoding.CATEGORICAL)
 
 
+def default_encoding(expr: RASPExpr) -> Encoding:
+  """The default ``encoding`` annotation of a SOp: categorical."""
+  if not isinstance(expr, SOp):
+    raise ValueError(f"`expr` must be a SOp to have an encoding, got {type(expr).__name__}.")
+  return Encoding.CATEGORICAL
+
+
+def default_name(expr: RASPExpr) -> str:
+  """The default ``name`` annotation (``map_12``, ``tokens``, …)."""
+  if not isinstance(expr, RASPExpr):
+    raise ValueError(f"`expr` must be a RASP expression, got {type(expr).__name__}.")
+  return expr.name
+
+
+DEFAULT_ANNOTATORS["encoding"] = default_encoding
+DEFAULT_ANNOTATORS["name"] = default_name
+
+
 def is_numerical(sop: SOp) -> bool:
   return get_encoding(sop) is Encoding.NUMERICAL
 
@@ -535,64 +608,136 @@ def _mean(values: Sequence[Value], default: Value, categorical: bool = False) ->
   raise ValueError(f"Aggregate of non-numerical values that differ: {list(values)!r}.")
 
 
-class Evaluator:
-  """The reference interpreter (tracr's semantics; shared subgraphs evaluated once)."""
+class RASPEvaluator(abc.ABC):
+  """An interpreter of RASP expressions (tracr's base class)."""
 
-  def __init__(self, xs: Sequence[Value]):
+  @abc.abstractmethod
+  def evaluate(self, expr: RASPExpr, xs: Sequence[Value]) -> Union[Sequence[Value], SelectorValue]:
+    """Evaluates ``expr`` on the input sequence ``xs``."""
+
+
+class DefaultRASPEvaluator(RASPEvaluator):
+  """The reference interpreter, with tracr's semantics and method names (``eval_map``,
+  ``eval_aggregate``, …; override one to change a rule). One call of :meth:`evaluate`
+  evaluates each node of a shared subgraph once.
+
+  ``causal=True`` is the semantics of a causally masked model: every selector is masked to
+  the keys at or before its query (``S[q][k]`` is False for ``k > q``, after ``Not`` too) and
+  ``length`` at position ``i`` is ``i + 1``, the length visible there."""
+
+  def __init__(self, causal: bool = False):
+    if not isinstance(causal, bool):
+      raise ValueError(f"`causal` must be a bool, got {causal!r}.")
+    self.causal = causal
+    self._local = threading.local()
+    self._eval_fn_by_expr_type = {
+        TokensType: self.eval_tokens, IndicesType: self.eval_indices, LengthType: self.eval_length,
+        LinearSequenceMap: self.eval_sequence_map, SequenceMap: self.eval_sequence_map,
+        Map: self.eval_map, Full: self.eval_full, ConstantSOp: self.eval_constant_sop,
+        SelectorWidth: self.eval_selector_width, Aggregate: self.eval_aggregate,
+        Select: self.eval_select, SelectorAnd: self.eval_selector_and,
+        SelectorOr: self.eval_selector_or, SelectorNot: self.eval_selector_not,
+        ConstantSelector: self.eval_constant_selector,
+    }
+
+  def evaluate(self, expr: RASPExpr, xs: Sequence[Value]) -> Union[Sequence[Value], SelectorValue]:
+    """Runs ``expr`` on the input sequence ``xs`` (a list of tokens, no BOS)."""
+    if not isinstance(expr, RASPExpr):
+      raise ValueError(f"`expr` must be a RASP expression, got {type(expr).__name__}.")
+    local = self._local
+    outer = getattr(local, "memo", None) is None
+    if outer:
+      local.memo, local.xs = {}, xs
+    try:
+      key = (expr.unique_id, id(xs))
+      if key not in local.memo:
+        fn = self._eval_fn_by_expr_type.get(type(expr))
+        if fn is None:
+          fn = next((f for cls, f in self._eval_fn_by_expr_type.items() if isinstance(expr, cls)), None)
+        if fn is None:
+          raise NotImplementedError(f"evaluation of {expr!r} is not defined.")
+        out = fn(expr, xs)
+        if self.causal and isinstance(expr, Selector):
+          out = [[bool(s) and k <= q for k, s in enumerate(row)] for q, row in enumerate(out)]
+        local.memo[key] = out
+      return local.memo[key]
+    finally:
+      if outer:
+        local.memo = local.xs = None
+
+  def eval_tokens(self, sop: TokensType, xs: Sequence[Value]) -> List[Value]:
+    return list(xs)
+
+  def eval_indices(self, sop: IndicesType, xs: Sequence[Value]) -> List[int]:
+    return list(range(len(xs)))
+
+  def eval_length(self, sop: LengthType, xs: Sequence[Value]) -> List[int]:
+    n = len(xs)
+    return [i + 1 for i in range(n)] if self.causal else [n] * n
+
+  def eval_sequence_map(self, sop: SequenceMap, xs: Sequence[Value]) -> List[Value]:
+    a, b = self.evaluate(sop.fst, xs), self.evaluate(sop.snd, xs)
+    return [sop.f(x, y) if x is not None and y is not None else None for x, y in zip(a, b, strict=True)]
+
+  def eval_map(self, sop: Map, xs: Sequence[Value]) -> List[Value]:
+    return [sop.f(x) if x is not None else None for x in self.evaluate(sop.inner, xs)]
+
+  def eval_full(self, sop: Full, xs: Sequence[Value]) -> List[Value]:
+    return [sop.fill] * len(xs)
+
+  def eval_constant_sop(self, sop: ConstantSOp, xs: Sequence[Value]) -> List[Value]:
+    if sop.check_length and len(sop.value) != len(xs):
+      raise ValueError(f"Constant len {len(sop.value)} doesn't match input len {len(xs)}.")
+    return list(sop.value)
+
+  def eval_selector_width(self, sop: SelectorWidth, xs: Sequence[Value]) -> List[int]:
+    return [sum(row) for row in self.evaluate(sop.selector, xs)]
+
+  def eval_aggregate(self, sop: Aggregate, xs: Sequence[Value]) -> List[Value]:
+    sel, vals = self.evaluate(sop.selector, xs), self.evaluate(sop.sop, xs)
+    cat = is_categorical(sop)
+    return [_mean([v for s, v in zip(row, vals, strict=True) if s], sop.default, cat) for row in sel]
+
+  def eval_select(self, sel: Select, xs: Sequence[Value]) -> SelectorValue:
+    keys, queries = self.evaluate(sel.keys, xs), self.evaluate(sel.queries, xs)
+    return [[bool(sel.predicate(k, q)) for k in keys] for q in queries]
+
+  def eval_constant_selector(self, sel: ConstantSelector, xs: Sequence[Value]) -> SelectorValue:
+    if sel.check_length and len(sel.value) != len(xs):
+      raise ValueError(f"Constant len {len(sel.value)} doesn't match input len {len(xs)}.")
+    return [list(row) for row in sel.value]
+
+  def eval_selector_and(self, sel: SelectorAnd, xs: Sequence[Value]) -> SelectorValue:
+    a, b = self.evaluate(sel.fst, xs), self.evaluate(sel.snd, xs)
+    return [[x and y for x, y in zip(ra, rb, strict=True)] for ra, rb in zip(a, b, strict=True)]
+
+  def eval_selector_or(self, sel: SelectorOr, xs: Sequence[Value]) -> SelectorValue:
+    a, b = self.evaluate(sel.fst, xs), self.evaluate(sel.snd, xs)
+    return [[x or y for x, y in zip(ra, rb, strict=True)] for ra, rb in zip(a, b, strict=True)]
+
+  def eval_selector_not(self, sel: SelectorNot, xs: Sequence[Value]) -> SelectorValue:
+    return [[not x for x in row] for row in self.evaluate(sel.inner, xs)]
+
+
+class Evaluator:
+  """``Evaluator(xs)(expr)``: one input, every node's value memoised across calls."""
+
+  def __init__(self, xs: Sequence[Value], causal: bool = False):
     self.xs = list(xs)
-    self.memo: Dict[int, Any] = {}
+    self._ev = DefaultRASPEvaluator(causal)
+    self._ev._local.memo, self._ev._local.xs = {}, self.xs
 
   def __call__(self, expr: RASPExpr):
-    key = expr.unique_id
-    if key not in self.memo:
-      self.memo[key] = self._eval(expr)
-    return self.memo[key]
-
-  def _eval(self, e: RASPExpr):
-    xs, n = self.xs, len(self.xs)
-    if isinstance(e, TokensType):
-      return list(xs)
-    if isinstance(e, IndicesType):
-      return list(range(n))
-    if isinstance(e, LengthType):
-      return [n] * n
-    if isinstance(e, Map):
-      return [e.f(x) if x is not None else None for x in self(e.inner)]
-    if isinstance(e, SequenceMap):
-      return [e.f(x, y) if x is not None and y is not None else None
-              for x, y in zip(self(e.fst), self(e.snd), strict=True)]
-    if isinstance(e, Full):
-      return [e.fill] * n
-    if isinstance(e, ConstantSOp):
-      if e.check_length and len(e.value) != n:
-        raise ValueError(f"Constant len {len(e.value)} doesn't match input len {n}.")
-      return list(e.value)
-    if isinstance(e, Select):
-      keys, queries = self(e.keys), self(e.queries)
-      return [[bool(e.predicate(k, q)) for k in keys] for q in queries]
-    if isinstance(e, ConstantSelector):
-      if e.check_length and len(e.value) != n:
-        raise ValueError(f"Constant len {len(e.value)} doesn't match input len {n}.")
-      return e.value
-    if isinstance(e, SelectorOr):
-      a, b = self(e.fst), self(e.snd)
-      return [[x or y for x, y in zip(ra, rb, strict=True)] for ra, rb in zip(a, b, strict=True)]
-    if isinstance(e, SelectorAnd):
-      a, b = self(e.fst), self(e.snd)
-      return [[x and y for x, y in zip(ra, rb, strict=True)] for ra, rb in zip(a, b, strict=True)]
-    if isinstance(e, SelectorNot):
-      return [[not x for x in row] for row in self(e.inner)]
-    if isinstance(e, SelectorWidth):
-      return [sum(row) for row in self(e.selector)]
-    if isinstance(e, Aggregate):
-      sel, vals = self(e.selector), self(e.sop)
-      cat = is_categorical(e)
-      return [_mean([v for s, v in zip(row, vals, strict=True) if s], e.default, cat) for row in sel]
-    raise NotImplementedError(f"evaluation of {e!r} is not defined.")
+    return self._ev.evaluate(expr, self.xs)
 
 
-def evaluate(expr: RASPExpr, xs: Sequence[Value]) -> Union[List[Value], SelectorValue]:
-  """Runs ``expr`` on the input sequence ``xs`` (a list of tokens, no BOS)."""
-  if not isinstance(expr, RASPExpr):
-    raise ValueError(f"`expr` must be a RASP expression, got {type(expr).__name__}.")
-  return Evaluator(xs)(expr)
+_EVALUATORS = {False: DefaultRASPEvaluator(False), True: DefaultRASPEvaluator(True)}
+
+
+def evaluate(expr: RASPExpr, xs: Sequence[Value], causal: bool = False
+             ) -> Union[List[Value], SelectorValue]:
+  """Runs ``expr`` on the input sequence ``xs`` (a list of tokens, no BOS); ``causal=True``:
+  as a causally masked model computes it (see :class:`DefaultRASPEvaluator`)."""
+  if not isinstance(causal, bool):
+    raise ValueError(f"`causal` must be a bool, got {causal!r}.")
+  return _EVALUATORS[causal].evaluate(expr, xs)

@@ -177,7 +177,7 @@ def _run(name):
   bos, maps = [], []
   for s in range(0, len(padded), chunk):
     ids, mask = model._encode(padded[s: s + chunk])
-    _, residuals, attn = model._forward(ids, mask)   # NumPy arguments: jit transfers them
+    _, residuals, attn, _ = model._forward(ids, mask)   # NumPy arguments: jit transfers them
     bos.append(np.stack([np.asarray(r)[:, 0] for r in residuals], 1))
     maps.append(None if attn[-1] is None else np.asarray(attn[-1]))
   bos = np.concatenate(bos)[: len(inputs)]
@@ -356,8 +356,14 @@ def test_map_leaving_its_declared_value_set_raises():
   m = rasp.annotate(rasp.Map(lambda t: t * 2, rasp.tokens), value_set={2, 4})
   with pytest.raises(ValueError, match="outside its declared value_set"):
     rasp.compile(m, [1, 2, 3], 4)
-  with pytest.raises(ValueError, match="raised ZeroDivisionError"):
-    rasp.compile(rasp.Map(lambda t: 1 // t, rasp.tokens), [0, 1], 4)
+  # a function raising on a value of the inferred set: that input is taken as unreachable, and
+  # where it does occur the compiled model raises as the interpreter does
+  inv = rasp.compile(rasp.Map(lambda t: 1 // t, rasp.tokens), [0, 1], 4)
+  assert inv.apply([1, 1]) == rasp.evaluate(inv.program, [1, 1]) == [1, 1]
+  with pytest.raises(ValueError, match="raises at position 1"):
+    inv.apply([1, 0])
+  with pytest.raises(ZeroDivisionError):
+    rasp.evaluate(inv.program, [1, 0])
 
 
 def test_bad_inputs_at_apply_time_raise():

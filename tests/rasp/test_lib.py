@@ -82,7 +82,7 @@ def check_static(program):
     assert not isinstance(e, (rasp.ConstantSOp, rasp.ConstantSelector)), e
     if isinstance(e, PRIMITIVES):
       continue
-    assert "name" in e.annotations, f"{type(e).__name__} {e.label} is not .named()"
+    assert "name" in e._annotations, f"{type(e).__name__} {e.label} is not .named()"
     assert e.name not in names, f"two nodes are named {e.name!r}"
     names[e.name] = e
     if isinstance(e, rasp.Aggregate):
