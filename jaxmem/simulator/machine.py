@@ -3,7 +3,8 @@
 A :class:`Program` is what the paper calls a transformer built from AHAT encoder layers
 (Dutta, Chakrabarty, Ansari & Das, "On the Existence of Universal Simulators of Attention",
 arXiv:2506.18739 v2, §3 and the RASP model it compiles from): a residual stream of named
-*slots* (:class:`Layout`) and a list of layers of exactly two kinds.
+*slots* (:class:`Layout`) and a list of layers. Every layer adds its output to the residual,
+``x ← x + layer(x)``, and writes only fresh slots.
 
 * :class:`AHATLayer` — average hard attention with **fixed** weight matrices
   ``W_Q, W_K [width, H·d_k]``, ``W_V [width, H·d_v]``, ``W_O [H·d_v, width]`` applied to the
@@ -12,11 +13,27 @@ arXiv:2506.18739 v2, §3 and the RASP model it compiles from): a residual stream
   arrays built once from sizes (never from data) and are stored in :attr:`Program.weights`.
   Which slots a layer reads and writes is derived from the non-zero rows of ``W_Q, W_K, W_V``
   and the non-zero columns of ``W_O``, so the description cannot drift from the weights.
-* :class:`PositionwiseLayer` — a named function applied to each position's residual vector
-  alone (``jax.vmap`` over positions: it cannot see another position), the RASP ``map`` /
-  ``zipmap`` of numerical sequences: products of residual coordinates, ``exp``, reciprocal,
-  ReLU, sums. Its output is added to the slots it declares; it may read only the slots it
-  declares (reading another raises).
+
+The position-wise layers come in three *restricted* kinds, each a piece of data run by one
+shared piece of code that can do nothing else (the universal simulator uses only these):
+
+* :class:`LinearLayer` — ``x ← x + x M`` with a fixed matrix ``M [width, width]``
+  (:class:`LinearWeights`, stored in :attr:`Program.weights` like the attention weights): what
+  an MLP's or a projection's weights do. Reads and writes are derived from ``M``.
+* :class:`ProductLayer` — ``out_k = a_k · b_k``: each output coordinate is the product of two
+  residual coordinates of the same position (a size-1 operand slot is broadcast).
+* :class:`UnaryLayer` — ``out_k = op(a_k)`` for ``op`` in :data:`UNARY_OPS` (``exp``,
+  ``reciprocal``, ``relu``): each output coordinate reads one coordinate.
+
+The coordinates a product or unary layer reads and writes are resolved into integer index
+arrays once (:attr:`Program.wiring`), so a test can check that every output coordinate reads
+exactly two (one) scalars.
+
+* :class:`PositionwiseLayer` — a named free-form function of one position's residual vector
+  (``jax.vmap`` over positions: it cannot see another position), the RASP ``map`` / ``zipmap``
+  of numerical sequences. It may read only the slots it declares (reading another raises).
+  Kept for :mod:`~jaxmem.simulator.constructions`; a free-form map can compute anything of one
+  position, so U does not use it.
 
 Every slot is written by at most one layer and input slots by none, so "adding to the
 residual" is the same as "writing a fresh slot" and each slot has one meaning
@@ -36,10 +53,18 @@ from jaxmem.arrays import device_array
 from jaxmem.kernels.ahat import ahat_attention
 
 __all__ = [
-    "AHATLayer", "AttentionWeights", "Layout", "LayerInfo", "PositionwiseLayer", "Program", "SlotInfo",
+    "AHATLayer", "AttentionWeights", "LayerInfo", "Layout", "LinearLayer", "LinearWeights", "PositionwiseLayer",
+    "ProductLayer", "Program", "SlotInfo", "UNARY_OPS", "UnaryLayer",
 ]
 
 HIGHEST = jax.lax.Precision.HIGHEST
+
+#: The elementwise maps a :class:`UnaryLayer` may apply (one scalar in, one scalar out).
+UNARY_OPS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "exp": jnp.exp,
+    "reciprocal": jnp.reciprocal,
+    "relu": jax.nn.relu,
+}
 
 
 class SlotInfo(NamedTuple):
@@ -103,8 +128,9 @@ class Layout:
 
 class LayerInfo(NamedTuple):
   """What one layer of a :class:`Program` is: ``kind`` is ``"ahat"`` (attention with fixed
-  weights, ``num_heads`` heads of key width ``key_dim`` and value width ``value_dim``) or
-  ``"positionwise"`` (``num_heads == 0``)."""
+  weights, ``num_heads`` heads of key width ``key_dim`` and value width ``value_dim``),
+  ``"linear"``, ``"product"``, ``"unary"`` (``op`` names the map) or ``"positionwise"`` (a
+  free-form map); ``num_heads == 0`` for all but ``"ahat"``."""
   name: str
   kind: str
   num_heads: int
@@ -113,6 +139,7 @@ class LayerInfo(NamedTuple):
   reads: tuple[str, ...]
   writes: tuple[str, ...]
   computes: str
+  op: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +150,37 @@ class AHATLayer:
   value_dim: int
   computes: str
   tol: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearLayer:
+  """``x ← x + x M``: ``M [width, width]`` is fixed, ``Program.weights[name]["w"]`` (built by
+  :class:`LinearWeights`)."""
+  name: str
+  computes: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ProductLayer:
+  """``out_k = a_k · b_k`` for each ``(out, a, b)`` in ``terms`` (slot names): ``a`` and ``b`` have
+  ``out``'s size, or size 1 (then that scalar multiplies every coordinate)."""
+  name: str
+  terms: tuple[tuple[str, str, str], ...]
+  computes: str
+
+
+@dataclasses.dataclass(frozen=True)
+class UnaryLayer:
+  """``out_k = op(a_k)`` for each ``(out, a)`` in ``terms`` (slots of one size); ``op`` is a key of
+  :data:`UNARY_OPS`."""
+  name: str
+  op: str
+  terms: tuple[tuple[str, str], ...]
+  computes: str
+
+  def __post_init__(self):
+    if self.op not in UNARY_OPS:
+      raise ValueError(f"`op` must be one of {sorted(UNARY_OPS)}, got {self.op!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +241,27 @@ class AttentionWeights:
     return {"wq": self.wq, "wk": self.wk, "wv": self.wv, "wo": self.wo}
 
 
+class LinearWeights:
+  """Builder of one :class:`LinearLayer`'s fixed matrix ``M [width, width]`` (``x ← x + x M``),
+  addressed by slot names."""
+
+  def __init__(self, layout: Layout):
+    self.layout = layout
+    self.w = np.zeros((layout.width, layout.width), np.float32)
+
+  def add(self, out: str, src: str, coeff: float = 1.0) -> None:
+    """``x[out]_k += coeff · x[src]_k`` (``src`` of ``out``'s size), or ``coeff · x[src]_0`` for
+    every ``k`` (``src`` of size 1)."""
+    o, i = self.layout[out], self.layout[src]
+    if i.size not in (1, o.size):
+      raise ValueError(f"slot {src!r} (size {i.size}) does not fit slot {out!r} (size {o.size})")
+    rows = i.start + (np.arange(o.size) if i.size > 1 else np.zeros(o.size, int))
+    self.w[rows, o.start + np.arange(o.size)] += np.float32(coeff)
+
+  def arrays(self) -> dict[str, np.ndarray]:
+    return {"w": self.w}
+
+
 class _SlotView:
   """One position's residual vector, readable by slot name (only the declared slots)."""
 
@@ -193,6 +272,28 @@ class _SlotView:
     if name not in self._allowed:
       raise KeyError(f"position-wise layer {self._layer!r} reads slot {name!r} it did not declare")
     return self._row[self._layout.slice(name)]
+
+
+def _resolve_elementwise(layout: Layout, layer) -> dict[str, np.ndarray]:
+  """Coordinates of a product / unary layer: ``{"out", "a"[, "b"]}`` integer arrays, one entry per
+  output coordinate (``out_k = a_k · b_k`` or ``op(a_k)``)."""
+  cols: dict[str, list] = {"out": [], "a": []} | ({"b": []} if isinstance(layer, ProductLayer) else {})
+  width = 3 if isinstance(layer, ProductLayer) else 2
+  for term in layer.terms:
+    if len(term) != width:
+      raise ValueError(f"layer {layer.name!r}: a term must name {width} slots, got {term!r}")
+    out = layout[term[0]]
+    cols["out"].append(out.start + np.arange(out.size))
+    for key, src in zip(("a", "b")[:len(term) - 1], term[1:], strict=True):
+      s = layout[src]
+      if s.size not in (1, out.size):
+        raise ValueError(f"layer {layer.name!r}: slot {src!r} (size {s.size}) does not fit {term[0]!r} "
+                         f"(size {out.size})")
+      cols[key].append(s.start + (np.arange(out.size) if s.size > 1 else np.zeros(out.size, int)))
+  wire = {k: np.concatenate(v).astype(np.int32) for k, v in cols.items()}
+  if len(np.unique(wire["out"])) != len(wire["out"]):
+    raise ValueError(f"layer {layer.name!r} writes a coordinate twice")
+  return wire
 
 
 def _slots_touched(layout: Layout, nonzero_coords: np.ndarray) -> tuple[str, ...]:
@@ -208,10 +309,12 @@ class Program:
   layer's fixed ``wq, wk, wv, wo``. :meth:`run` maps ``[B, P, width]`` → ``[B, P, width]``
   (or ``[P, width]`` → ``[P, width]``)."""
 
-  def __init__(self, layout: Layout, layers: Sequence, weights: Mapping[str, AttentionWeights]):
+  def __init__(self, layout: Layout, layers: Sequence,
+               weights: Mapping[str, "AttentionWeights | LinearWeights"]):
     self.layout = layout
     self.layers = tuple(layers)
     self.weights = {}
+    self.wiring: dict[str, dict[str, np.ndarray]] = {}
     infos, written = [], {s.name for s in layout.slots if s.is_input}
     seen_out: set[str] = set()
     for layer in self.layers:
@@ -226,6 +329,21 @@ class Program:
         self.weights[layer.name] = {k: device_array(v) for k, v in arrs.items()}
         infos.append(LayerInfo(layer.name, "ahat", layer.num_heads, layer.key_dim, layer.value_dim,
                                reads, writes, layer.computes))
+      elif isinstance(layer, LinearLayer):
+        w = weights[layer.name]
+        if not isinstance(w, LinearWeights):
+          raise ValueError(f"weights of {layer.name!r} must be LinearWeights")
+        m = w.arrays()["w"]
+        reads, writes = _slots_touched(layout, np.any(m != 0, 1)), _slots_touched(layout, np.any(m != 0, 0))
+        self.weights[layer.name] = {"w": device_array(m)}
+        infos.append(LayerInfo(layer.name, "linear", 0, 0, 0, reads, writes, layer.computes))
+      elif isinstance(layer, (ProductLayer, UnaryLayer)):
+        self.wiring[layer.name] = _resolve_elementwise(layout, layer)
+        operands = [t[1:] for t in layer.terms]
+        reads = tuple(dict.fromkeys(n for ops in operands for n in ops))
+        writes = tuple(dict.fromkeys(t[0] for t in layer.terms))
+        kind, op = ("product", "") if isinstance(layer, ProductLayer) else ("unary", layer.op)
+        infos.append(LayerInfo(layer.name, kind, 0, 0, 0, reads, writes, layer.computes, op))
       elif isinstance(layer, PositionwiseLayer):
         reads, writes = tuple(layer.reads), tuple(layer.writes)
         infos.append(LayerInfo(layer.name, "positionwise", 0, 0, 0, reads, writes, layer.computes))
@@ -249,7 +367,8 @@ class Program:
 
   @property
   def num_params(self) -> int:
-    """Entries of all fixed weight matrices (position-wise maps have none)."""
+    """Entries of all fixed weight matrices (attention and linear layers; products, unary maps
+    and free-form maps have none)."""
     return sum(int(a.size) for w in self.weights.values() for a in w.values())
 
   @property
@@ -299,6 +418,14 @@ class Program:
     for layer in self.layers:
       if isinstance(layer, AHATLayer):
         x = x + self._ahat(layer, weights[layer.name], x, mask)
+      elif isinstance(layer, LinearLayer):
+        x = x + jnp.einsum("bpw,wv->bpv", x, weights[layer.name]["w"], precision=HIGHEST)
+      elif isinstance(layer, ProductLayer):
+        wire = self.wiring[layer.name]
+        x = x.at[..., wire["out"]].add(x[..., wire["a"]] * x[..., wire["b"]])
+      elif isinstance(layer, UnaryLayer):
+        wire = self.wiring[layer.name]
+        x = x.at[..., wire["out"]].add(UNARY_OPS[layer.op](x[..., wire["a"]]))
       else:
         x = x + self._positionwise(layer, x)
       if keep is not None:
@@ -332,8 +459,10 @@ class Program:
   def describe(self) -> str:
     lines = ["| # | layer | kind | heads | d_k | d_v | reads | writes | computes |",
              "|---|---|---|---|---|---|---|---|---|"]
+    names = {"ahat": "AHAT (fixed weights)", "linear": "linear (fixed matrix)", "product": "product a·b",
+             "positionwise": "position-wise (free map)"}
     for n, i in enumerate(self.infos, 1):
-      kind = "AHAT (fixed weights)" if i.kind == "ahat" else "position-wise"
+      kind = names.get(i.kind, i.op)
       heads = str(i.num_heads) if i.kind == "ahat" else "–"
       dk = str(i.key_dim) if i.kind == "ahat" else "–"
       dv = str(i.value_dim) if i.kind == "ahat" else "–"

@@ -5,44 +5,42 @@ Universal Simulators of Attention" (arXiv:2506.18739 v2): one transformer ``U`` 
 average-hard-attention encoder layers, whose weights depend only on the sizes
 ``(N, D, H, D_h[, F])``, reads the parameters of *any* single-layer ``H``-head attention
 (or encoder) layer ``T`` together with an input ``X [n, D]``, ``n <= N``, from its input
-sequence and outputs ``T(X)``; constant depth, ``1 + N`` heads. This module's own design,
-written from the paper's statement (see ``jaxmem/simulator/README.md``):
+sequence and outputs ``T(X)``. This module's own design, written from the paper's statements
+(the full layer table, the accounting and the sizes are in ``jaxmem/simulator/README.md``).
 
-Input sequence (``P = 1 + n`` positions, residual width ``Simulator.layout.width``):
+**Attention does the work.** Every sum in ``T(X)`` — over ``D`` in ``x·W``, over ``D_h`` in
+``q·k``, over the keys ``j`` in the softmax and the weighted sum of values, over heads and
+``D_h`` in the output projection, over ``D`` and ``F`` in the FFN — is an AHAT *aggregation*:
+each scalar product sits at its own position, and one head averages the products selected by
+one-hot tags, the fixed ``W_O`` multiplying the mean by the (fixed) count. The row maxima of
+the softmax are AHAT argmaxes of a data key (as ``constructions.maxmin``). The position-wise
+layers are only the restricted kinds of :mod:`~jaxmem.simulator.machine`: ``ProductLayer``
+(``a·b`` of two coordinates), ``UnaryLayer`` (``exp``, ``reciprocal``, ``relu`` of one
+coordinate) and ``LinearLayer`` (a fixed matrix, here never more than two terms per output).
 
-* position 0, the **parameter token**: ``is_param = 1`` and ``T.wq, T.wk, T.wv, T.wo``
-  (and ``T.w1, T.b1, T.w2, T.b2`` for an encoder) flattened row-major into their slots;
-* position ``i = 1..n``: ``is_row = 1``, the one-hot ``index`` of ``i`` (``N`` slots) and
-  the row ``x_i``;
-* every other slot is zero and is written by exactly one layer.
+Input sequence: one position per entry of each matrix (a *cell*), the cell's indices as
+one-hot *tags* (a fixed function of the position, like RASP's ``indices``; each cell type has
+its own tag slots, zero elsewhere); T's and X's numbers each appear once:
 
-Layers (``AHAT`` = :func:`jaxmem.kernels.ahat.ahat_attention` with fixed ``W_Q, W_K, W_V, W_O``):
+* ``BOS`` — one position, the default key (``is_bos = 1``);
+* ``W`` cells ``(h, d, e)``: ``T.wq, T.wk, T.wv = w*[h, d, e]``, ``T.wo = wo[h, e, d]``;
+* ``X`` cells ``(i, d)``, ``i < n``: ``x = X[i, d]`` (and, at the end, ``T(X)[i, d]``);
+* ``A`` cells ``(i, d, h, e)``: the projection products ``X[i, d]·w[h, d, e]`` and the output
+  products ``o[h, i, e]·wo[h, e, d]``;
+* ``S`` cells ``(h, i, j, e)``: the score products ``q[h, i, e]·k[h, j, e]`` and the weighted
+  values ``exp(s_hij − max_j' s_hij')·v[h, j, e]``;
+* encoder: ``V`` cells ``(d, f)`` (``T.w1 = w1[d, f]``, ``T.w2 = w2[f, d]``), ``B1`` cells
+  ``(f)``, ``B2`` cells ``(d)``, ``Hd`` cells ``(i, f)`` (the hidden units) and ``F`` cells
+  ``(i, d, f)`` (the FFN products).
 
-1. ``copy_params`` — AHAT, 1 head: query ``is_param + is_row`` (= 1 everywhere), key
-   ``is_param``: every position selects the parameter token alone and copies ``T`` into
-   its own slots.
-2. ``project`` — position-wise: ``q_i^h = x_i wq_h``, ``k_i^h = x_i wk_h``, ``v_i^h = x_i wv_h``
-   from the row and the copied weights (zero at the parameter token, whose ``x`` is zero).
-3. ``gather`` — AHAT, ``N`` heads: head ``j`` has query 1 and key ``index_j + ½·is_param``.
-   For ``j <= n`` the unique maximum (1) is row ``j``; for ``j > n`` no key scores 1 and the
-   parameter token's ½ wins, so the head returns that token's zero ``k, v`` and a zero
-   presence flag instead of the average of the whole sequence (the paper's empty-selection
-   trap). Each head copies ``k_j, v_j, is_row_j`` into slots ``keys[j], values[j], present[j]``.
-4. ``scores`` — position-wise: ``s_hj = q_i^h · k_j^h / √D_h``.
-5. ``exp`` — position-wise: ``e_hj = [present_j] exp(s_hj − max_{present j'} s_hj')``
-   (Lemma 4's elementwise exponential, max-subtracted so large scores do not overflow).
-6. ``normalise`` — position-wise: ``p_hj = e_hj / Σ_j' e_hj'`` (Lemma 4's sum and division).
-7. ``mix`` — position-wise: ``att_i = Σ_h (Σ_j p_hj v_j^h) wo_h`` — ``attention_layer(T, X)_i``.
-8. (encoder) ``residual`` ``y = x + att``; ``ffn_hidden`` ``h = relu(y w1 + b1)``;
-   ``ffn_out`` ``out = y + h w2 + b2`` — all position-wise.
+Every tag selection scores the number of matching tags (an integer ``K`` at the intended keys,
+at most ``K − 1`` elsewhere) and the ``BOS`` key scores ``K − ½``: a query whose selection is
+empty — every position of another cell type — reads the ``BOS`` instead of averaging the whole
+sequence (the paper's trap). ``BOS``'s computed slots hold neutral values (``exp`` 1, products
+0), so every slot stays finite at every position.
 
-The only arithmetic on data in the AHAT layers is selecting one position and copying it,
-which is exact in float32 (scores are 0, ½ or 1 and the selected set is a singleton), so U's
-error is the float32 rounding of the position-wise maps — the same operations
-:func:`attention_layer` does, in a different order.
-
-:meth:`Simulator.run_sequence` pads the sequence to ``1 + N`` positions with a key mask so
-that one compiled program serves every ``n`` (``pad=False`` runs it unpadded; tested equal).
+:meth:`Simulator.run_sequence` pads the sequence to the length at ``n = N`` with a key mask,
+so that one compiled program serves every ``n`` (``pad=False`` runs it unpadded; tested equal).
 """
 
 from __future__ import annotations
@@ -57,13 +55,15 @@ import numpy as np
 
 from jaxmem.checks import check_positive_int
 from jaxmem.simulator.machine import (
-  HIGHEST,
   AHATLayer,
   AttentionWeights,
   LayerInfo,
   Layout,
-  PositionwiseLayer,
+  LinearLayer,
+  LinearWeights,
+  ProductLayer,
   Program,
+  UnaryLayer,
 )
 from jaxmem.simulator.reference import (
   AttentionParams,
@@ -87,12 +87,14 @@ _FFN_FIELDS = ("w1", "b1", "w2", "b2")
 class SimulatorLayout(NamedTuple):
   """How ``T`` and ``X`` sit in U's input sequence.
 
-  ``positions``: (positions, what they hold); ``slots``: the residual stream's slots
-  (:class:`jaxmem.simulator.machine.SlotInfo`: name, start, size, is_input, meaning);
-  ``params``: for each of T's matrices, ``(slot name, shape)`` at the parameter token;
+  ``positions``: one ``(cell type, count, what its positions hold)`` per cell type, in sequence
+  order; ``slots``: the residual stream's slots (:class:`jaxmem.simulator.machine.SlotInfo`:
+  name, start, size, is_input, meaning); ``params``: for each of T's matrices, ``(slot, cell
+  type, axes)``: the entry ``T.f[axes]`` of the cell with those indices (``wo`` and ``w2`` are
+  read transposed: ``("T.wo", "W", "h e d")`` puts ``wo[h, e, d]`` at cell ``(h, d, e)``);
   ``width``: residual width; ``input_width``: width of the input slots (the rest start 0);
-  ``output_slot``: the slot holding ``T(X)_i`` at position ``i``."""
-  positions: tuple[tuple[str, str], ...]
+  ``output_slot``: the slot holding ``T(X)[i, d]`` at ``X`` cell ``(i, d)``."""
+  positions: tuple[tuple[str, str, str], ...]
   slots: tuple
   params: dict
   width: int
@@ -100,12 +102,263 @@ class SimulatorLayout(NamedTuple):
   output_slot: str
 
   def table(self) -> str:
-    lines = ["| positions | hold |", "|---|---|"] + [f"| {p} | {h} |" for p, h in self.positions]
+    lines = ["| cells | positions | hold |", "|---|---|---|"] + [f"| {c} | {p} | {h} |"
+                                                               for c, p, h in self.positions]
     lines += ["", "| slot | coordinates | size | input | meaning |", "|---|---|---|---|---|"]
     for s in self.slots:
       lines.append(f"| `{s.name}` | {s.start}..{s.start + s.size - 1} | {s.size} | "
                    f"{'yes' if s.is_input else ''} | {s.doc} |")
     return "\n".join(lines)
+
+
+# -- cells ----------------------------------------------------------------------------------------
+
+
+def _cell_axes(N: int, D: int, H: int, Dh: int, F: Optional[int]) -> dict[str, tuple[tuple[str, int], ...]]:
+  """Cell types in sequence order, each with its index axes ``(name, size)``; ``"i"`` and ``"j"``
+  (rows of X) have size ``N`` here and ``n`` in a sequence."""
+  cells = {"BOS": (), "W": (("h", H), ("d", D), ("e", Dh))}
+  if F is not None:
+    cells.update({"V": (("d", D), ("f", F)), "B1": (("f", F),), "B2": (("d", D),)})
+  cells.update({"X": (("i", N), ("d", D)), "A": (("i", N), ("d", D), ("h", H), ("e", Dh)),
+                "S": (("h", H), ("i", N), ("j", N), ("e", Dh))})
+  if F is not None:
+    cells.update({"Hd": (("i", N), ("f", F)), "F": (("i", N), ("d", D), ("f", F))})
+  return cells
+
+
+def _cell_indices(axes, n: int) -> np.ndarray:
+  """``[count, len(axes)]`` row-major indices of a cell type's positions at input length ``n``."""
+  sizes = [n if a in ("i", "j") else s for a, s in axes]
+  if not sizes:
+    return np.zeros((1, 0), int)
+  return np.stack(np.unravel_index(np.arange(math.prod(sizes)), sizes), 1)
+
+
+def _sequence_length(cells, n: int) -> int:
+  return sum(len(_cell_indices(axes, n)) for axes in cells.values())
+
+
+# -- the program ----------------------------------------------------------------------------------
+
+
+class _Builder:
+  """Slots and layers of U, addressed by name; ``head`` / ``attention`` build AHAT layers whose
+  heads select by tags (with the ``BOS`` default) and route values with one fixed scale."""
+
+  def __init__(self, L: Layout):
+    self.L, self.layers, self.weights = L, [], {}
+
+  def attention(self, name: str, heads: Sequence[dict], computes: str) -> None:
+    """``heads``: dicts with ``query`` (query-side ``[(slot, coeff)]`` per key column block),
+    ``key`` (key-side, the same blocks) and ``routes`` ``[(value slot, output slot, scale)]``."""
+    key_dim = max(sum(self.L[q[0][0]].size for q in h["query"]) for h in heads)
+    value_dim = max(sum(self.L[r[0]].size for r in h["routes"]) for h in heads)
+    w = AttentionWeights(self.L, len(heads), key_dim, value_dim)
+    for n, h in enumerate(heads):
+      col = 0
+      for qs, ks in zip(h["query"], h["key"], strict=True):
+        size = self.L[qs[0][0]].size
+        for slot, coeff in qs:
+          w.query(n, slot, _block(coeff, self.L[slot].size, size), key_start=col)
+        for slot, coeff in ks:
+          w.key(n, slot, _block(coeff, self.L[slot].size, size), key_start=col)
+        col += size
+      col = 0
+      for src, dst, scale in h["routes"]:
+        size = self.L[src].size
+        w.value(n, src, np.eye(size), value_start=col)
+        w.output(n, dst, np.float32(scale) * np.eye(size), value_start=col)
+        col += size
+    self.layers.append(AHATLayer(name, len(heads), key_dim, value_dim, computes))
+    self.weights[name] = w
+
+  def linear(self, name: str, terms: Sequence[tuple[str, str, float]], computes: str) -> None:
+    w = LinearWeights(self.L)
+    for out, src, coeff in terms:
+      w.add(out, src, coeff)
+    self.layers.append(LinearLayer(name, computes))
+    self.weights[name] = w
+
+  def product(self, name: str, terms, computes: str) -> None:
+    self.layers.append(ProductLayer(name, tuple(terms), computes))
+
+  def unary(self, name: str, op: str, terms, computes: str) -> None:
+    self.layers.append(UnaryLayer(name, op, tuple(terms), computes))
+
+
+def _block(coeff, rows: int, cols: int) -> np.ndarray:
+  """``coeff`` times the identity (``rows == cols``) or times a row of ones (a size-1 slot feeding
+  every column of the block)."""
+  if rows == cols:
+    return np.float32(coeff) * np.eye(rows, dtype=np.float32)
+  if rows == 1:
+    return np.full((1, cols), coeff, np.float32)
+  raise ValueError(f"a {rows}-coordinate slot cannot feed a {cols}-column block")
+
+
+def _select(pairs: Sequence[tuple[str, str]]) -> dict:
+  """Query/key blocks of a tag selection: query tag ``q`` against key tag ``k`` for each pair (one-hots
+  of one size), score = number of matching pairs (``K`` at the selected keys), and a last column
+  ``(K − ½)·one`` against ``is_bos``: the default key."""
+  K = len(pairs)
+  return {"query": [[(q, 1.0)] for q, _ in pairs] + [[("one", K - 0.5)]],
+          "key": [[(k, 1.0)] for _, k in pairs] + [[("is_bos", 1.0)]]}
+
+
+@functools.lru_cache(maxsize=16)
+def _build_program(N: int, D: int, H: int, Dh: int, F: Optional[int]) -> tuple[Program, dict]:
+  """U's program for the sizes (cached: it is a pure function of them, and sharing it shares
+  the compiled forward pass)."""
+  cells = _cell_axes(N, D, H, Dh, F)
+  G = H * N
+  L = Layout()
+  # -- input slots: flags, tags (a fixed function of the position), T and X --------------------
+  L.add("one", 1, "1 at every position", is_input=True)
+  L.add("is_bos", 1, "1 at the BOS position (the default key of every tag selection)", is_input=True)
+  L.add("is_S", 1, "1 at the S cells", is_input=True)
+  for cell, axes in cells.items():
+    for a, size in axes:
+      L.add(f"{cell}.{a}", size, f"one-hot of {a} at the {cell} cells, zero elsewhere", is_input=True)
+  L.add("S.hi", G, "one-hot of (h, i) at the S cells (their softmax row)", is_input=True)
+  L.add("S.hi0", G, "one-hot of (h, i) at the S cells with e = 0 (the keys of the row max)", is_input=True)
+  L.add("T.wq", 1, "wq[h, d, e] at W cell (h, d, e)", is_input=True)
+  L.add("T.wk", 1, "wk[h, d, e] at W cell (h, d, e)", is_input=True)
+  L.add("T.wv", 1, "wv[h, d, e] at W cell (h, d, e)", is_input=True)
+  L.add("T.wo", 1, "wo[h, e, d] at W cell (h, d, e)", is_input=True)
+  if F is not None:
+    L.add("T.w1", 1, "w1[d, f] at V cell (d, f)", is_input=True)
+    L.add("T.w2", 1, "w2[f, d] at V cell (d, f)", is_input=True)
+    L.add("T.b1", 1, "b1[f] at B1 cell (f)", is_input=True)
+    L.add("T.b2", 1, "b2[d] at B2 cell (d)", is_input=True)
+  L.add("x", 1, "X[i, d] at X cell (i, d)", is_input=True)
+  # -- computed slots (each written by one layer; "at C" = its meaning at the C cells) ----------
+  computed = [
+      ("a_x", "X[i, d] at A (i, d, h, e)"), ("a_wq", "wq[h, d, e] at A"), ("a_wk", "wk[h, d, e] at A"),
+      ("a_wv", "wv[h, d, e] at A"), ("a_wo", "wo[h, e, d] at A"),
+  ]
+  if F is not None:
+    computed += [("f_w1", "w1[d, f] at F (i, d, f)"), ("f_w2", "w2[f, d] at F"),
+                 ("hd_b1", "b1[f] at Hd (i, f)"), ("x_b2", "b2[d] at X (i, d)")]
+  computed += [
+      ("a_q", "X[i, d]·wq[h, d, e] at A"), ("a_k", "X[i, d]·wk[h, d, e] at A"),
+      ("a_v", "X[i, d]·wv[h, d, e] at A"),
+      ("s_q", "q[h, i, e] = Σ_d X[i, d] wq[h, d, e] at S (h, i, j, e)"), ("s_k", "k[h, j, e] at S"),
+      ("s_v", "v[h, j, e] at S"), ("s_qk", "q[h, i, e]·k[h, j, e] at S"),
+      ("score", "s_hij = Σ_e q[h, i, e] k[h, j, e] / √D_h at S"),
+      ("gmin", "the minimum of `score` over all positions (≤ every s_hij; at every position)"),
+      ("low", "2·gmin − 1 < every s_hij (at every position)"),
+  ]
+  for name, doc in computed:
+    L.add(name, 1, doc)
+  L.add("nonrow", G, "1 − S.hi0 (at every position)")
+  L.add("mk_in", G, "S.hi0 · score: s_hij in the coordinate of its row (h, i), at the S cells with e = 0")
+  L.add("mk_out", G, "nonrow · low: `low` in every other coordinate")
+  computed = [
+      ("rowmax", "max_j s_hij at S (h, i, j, e); 0 elsewhere"), ("z", "score − rowmax"),
+      ("ez", "exp(s_hij − max_j' s_hij') at S; 1 elsewhere"), ("s_ev", "ez·v[h, j, e] at S"),
+      ("a_num", "mean_j ez_hij v[h, j, e] at A (i, d, h, e)"), ("a_den", "mean_j ez_hij at A; 1 elsewhere"),
+      ("a_rden", "1 / a_den"), ("a_o", "o[h, i, e] = Σ_j softmax_j(s_hi·) v[h, j, e] at A"),
+      ("a_att", "o[h, i, e]·wo[h, e, d] at A"),
+      ("att", "attention_layer(T, X)[i, d] = Σ_h,e o[h, i, e] wo[h, e, d] at X (i, d)"),
+  ]
+  if F is not None:
+    computed += [
+        ("y", "Y[i, d] = X[i, d] + att at X"), ("f_y", "Y[i, d] at F (i, d, f)"),
+        ("f_yw", "Y[i, d]·w1[d, f] at F"),
+        ("hd_pre", "Σ_d Y[i, d] w1[d, f] at Hd (i, f)"), ("hd_in", "hd_pre + b1[f] at Hd"),
+        ("yb", "Y[i, d] + b2[d] at X"), ("hd_act", "relu(hd_in) at Hd"), ("f_h", "hidden[i, f] at F"),
+        ("f_hw", "hidden[i, f]·w2[f, d] at F"), ("ffn", "Σ_f hidden[i, f] w2[f, d] at X"),
+        ("out", "encoder_layer(T, X)[i, d] = Y + b2 + ffn at X"),
+    ]
+  for name, doc in computed:
+    L.add(name, 1, doc)
+
+  b = _Builder(L)
+  # 1. copy T's entries to the cells that multiply with them
+  heads = [
+      _select([("A.i", "X.i"), ("A.d", "X.d")]) | {"routes": [("x", "a_x", 1.0)]},
+      _select([("A.h", "W.h"), ("A.d", "W.d"), ("A.e", "W.e")]) | {
+          "routes": [(f"T.{f}", f"a_{f}", 1.0) for f in _ATT_FIELDS]},
+  ]
+  if F is not None:
+    heads += [
+        _select([("F.d", "V.d"), ("F.f", "V.f")]) | {"routes": [("T.w1", "f_w1", 1.0), ("T.w2", "f_w2", 1.0)]},
+        _select([("Hd.f", "B1.f")]) | {"routes": [("T.b1", "hd_b1", 1.0)]},
+        _select([("X.d", "B2.d")]) | {"routes": [("T.b2", "x_b2", 1.0)]},
+    ]
+  b.attention("gather_operands", heads, "A (i, d, h, e) copies X[i, d] from X (i, d) and wq, wk, wv[h, d, e], "
+              "wo[h, e, d] from W (h, d, e)" + ("; F (i, d, f) copies w1[d, f], w2[f, d] from V (d, f); "
+                                                 "Hd (i, f) copies b1[f]; X (i, d) copies b2[d]" if F else ""))
+  # 2-3. q, k, v: products at A, sums over d by aggregation at S
+  b.product("project_products", [("a_q", "a_x", "a_wq"), ("a_k", "a_x", "a_wk"), ("a_v", "a_x", "a_wv")],
+            "X[i, d]·wq[h, d, e], X[i, d]·wk[h, d, e], X[i, d]·wv[h, d, e]")
+  b.attention("sum_over_d", [
+      _select([("S.i", "A.i"), ("S.h", "A.h"), ("S.e", "A.e")]) | {"routes": [("a_q", "s_q", D)]},
+      _select([("S.j", "A.i"), ("S.h", "A.h"), ("S.e", "A.e")]) | {
+          "routes": [("a_k", "s_k", D), ("a_v", "s_v", D)]},
+  ], "S (h, i, j, e): head 0 averages a_q over the D cells A (i, ·, h, e), head 1 a_k, a_v over "
+     "A (j, ·, h, e); W_O = D: q[h, i, e], k[h, j, e], v[h, j, e]")
+  # 4-5. scores: products at S, sums over e by aggregation at S
+  b.product("score_products", [("s_qk", "s_q", "s_k")], "q[h, i, e]·k[h, j, e]")
+  b.attention("sum_over_e", [
+      _select([("S.h", "S.h"), ("S.i", "S.i"), ("S.j", "S.j")]) | {
+          "routes": [("s_qk", "score", math.sqrt(Dh))]},
+  ], "S (h, i, j, e) averages s_qk over the D_h cells S (h, i, j, ·); W_O = D_h/√D_h: s_hij")
+  # 6-9. the row max (Lemma 4's shift), by the argmax of a data key, exact for every real input
+  b.attention("global_min", [{"query": [[("one", 1.0)]], "key": [[("score", -1.0)]],
+                              "routes": [("score", "gmin", 1.0)]}],
+              "constant query, key −score: the mean of the minimal `score` values (0 off the S cells)")
+  b.linear("lower_bound", [("low", "gmin", 2.0), ("low", "one", -1.0), ("nonrow", "one", 1.0),
+                           ("nonrow", "S.hi0", -1.0)],
+           "low = 2·gmin − 1 (< every score: gmin ≤ 0), nonrow = 1 − S.hi0")
+  b.product("row_keys", [("mk_in", "S.hi0", "score"), ("mk_out", "nonrow", "low")],
+            "per row (h', i'): score in its own row's coordinate, `low` in the others")
+  b.attention("row_max", [{"query": [[("S.hi", 1.0)], [("one", 1.0), ("is_S", -1.0)]],
+                           "key": [[("mk_in", 1.0), ("mk_out", 1.0)], [("is_bos", 1.0)]],
+                           "routes": [("score", "rowmax", 1.0)]}],
+              "query S.hi (row (h, i)), key mk_in + mk_out: keys of row (h, i) score s_hij, all others `low`; "
+              "the argmax set is the row's maxima, their mean max_j s_hij. Other queries: BOS (1 − is_S)")
+  # 10-12. Lemma 4: shift, exp, weighted values
+  b.linear("shift", [("z", "score", 1.0), ("z", "rowmax", -1.0)], "z = score − rowmax")
+  b.unary("exp", "exp", [("ez", "z")], "ez = exp(z) (Lemma 4's elementwise exponential)")
+  b.product("value_products", [("s_ev", "ez", "s_v")], "ez_hij·v[h, j, e]")
+  # 13-16. Lemma 4's sum and division, Lemma 5's weighted sum of values
+  b.attention("sum_over_j", [
+      _select([("A.i", "S.i"), ("A.h", "S.h"), ("A.e", "S.e")]) | {
+          "routes": [("s_ev", "a_num", 1.0), ("ez", "a_den", 1.0)]},
+  ], "A (i, d, h, e) averages s_ev and ez over the n cells S (h, i, ·, e): means, whose ratio is the "
+     "softmax-weighted sum (the count n cancels)")
+  b.unary("reciprocal", "reciprocal", [("a_rden", "a_den")], "1 / a_den")
+  b.product("normalise", [("a_o", "a_num", "a_rden")], "o[h, i, e] = a_num / a_den")
+  b.product("output_products", [("a_att", "a_o", "a_wo")], "o[h, i, e]·wo[h, e, d]")
+  # 17. the output projection: sum over heads and e by aggregation
+  b.attention("sum_over_heads", [
+      _select([("X.i", "A.i"), ("X.d", "A.d")]) | {"routes": [("a_att", "att", H * Dh)]},
+  ], "X (i, d) averages a_att over the H·D_h cells A (i, d, ·, ·); W_O = H·D_h: attention_layer(T, X)[i, d]")
+  out_slot = "att"
+  if F is not None:
+    b.linear("residual", [("y", "x", 1.0), ("y", "att", 1.0)], "Y = X + att")
+    b.attention("gather_ffn_in", [_select([("F.i", "X.i"), ("F.d", "X.d")]) | {"routes": [("y", "f_y", 1.0)]}],
+                "F (i, d, f) copies Y[i, d] from X (i, d)")
+    b.product("ffn_in_products", [("f_yw", "f_y", "f_w1")], "Y[i, d]·w1[d, f]")
+    b.attention("sum_ffn_in", [_select([("Hd.i", "F.i"), ("Hd.f", "F.f")]) | {
+        "routes": [("f_yw", "hd_pre", D)]}],
+                "Hd (i, f) averages f_yw over the D cells F (i, ·, f); W_O = D")
+    b.linear("ffn_bias", [("hd_in", "hd_pre", 1.0), ("hd_in", "hd_b1", 1.0), ("yb", "y", 1.0),
+                          ("yb", "x_b2", 1.0)],
+             "hd_in = hd_pre + b1[f]; yb = Y + b2[d]")
+    b.unary("relu", "relu", [("hd_act", "hd_in")], "hidden = relu(hd_in)")
+    b.attention("gather_hidden", [_select([("F.i", "Hd.i"), ("F.f", "Hd.f")]) | {
+        "routes": [("hd_act", "f_h", 1.0)]}], "F (i, d, f) copies hidden[i, f] from Hd (i, f)")
+    b.product("ffn_out_products", [("f_hw", "f_h", "f_w2")], "hidden[i, f]·w2[f, d]")
+    b.attention("sum_ffn_out", [_select([("X.i", "F.i"), ("X.d", "F.d")]) | {"routes": [("f_hw", "ffn", F)]}],
+                "X (i, d) averages f_hw over the F cells F (i, d, ·); W_O = F")
+    b.linear("ffn_residual", [("out", "yb", 1.0), ("out", "ffn", 1.0)],
+             "out = Y + b2 + ffn = encoder_layer(T, X)")
+    out_slot = "out"
+  program = Program(L, b.layers, b.weights)
+  return program, {"cells": cells, "out_slot": out_slot}
 
 
 def _param_shapes(D, H, Dh, F):
@@ -115,156 +368,43 @@ def _param_shapes(D, H, Dh, F):
   return shapes
 
 
-@functools.lru_cache(maxsize=16)
-def _build_program(N: int, D: int, H: int, Dh: int, F: Optional[int]) -> tuple[Program, dict]:
-  """U's program for the sizes (cached: it is a pure function of them, and sharing it shares
-  the compiled forward pass)."""
-  shapes = _param_shapes(D, H, Dh, F)
-  L = Layout()
-  # -- input slots ----------------------------------------------------------------------------
-  L.add("is_param", 1, "1 at the parameter token (position 0), else 0", is_input=True)
-  L.add("is_row", 1, "1 at the rows of X (positions 1..n), else 0", is_input=True)
-  L.add("index", N, "one-hot of i at position i (coordinate i-1); zero at the parameter token", is_input=True)
-  L.add("x", D, "the row x_i at position i; zero at the parameter token", is_input=True)
-  for f, shp in shapes.items():
-    L.add(f"T.{f}", math.prod(shp), f"T's `{f}` {list(shp)} flattened row-major, at the parameter token "
-          "only (zero elsewhere)", is_input=True)
-  # -- computed slots -------------------------------------------------------------------------
-  for f, shp in shapes.items():
-    L.add(f, math.prod(shp), f"copy of `T.{f}` at every position (layer `copy_params`)")
-  L.add("q", H * Dh, "q_i^h = x_i wq_h, [H, D_h]")
-  L.add("k", H * Dh, "k_i^h = x_i wk_h, [H, D_h]")
-  L.add("v", H * Dh, "v_i^h = x_i wv_h, [H, D_h]")
-  L.add("keys", N * H * Dh, "k_j^h of every row j = 1..N, [N, H, D_h] (zero for j > n)")
-  L.add("values", N * H * Dh, "v_j^h of every row j = 1..N, [N, H, D_h] (zero for j > n)")
-  L.add("present", N, "1 where row j exists (j <= n), else 0")
-  L.add("scores", H * N, "s_hj = q_i^h·k_j^h/√D_h, [H, N]")
-  L.add("exp", H * N, "[present_j] exp(s_hj - max_present s_h), [H, N]")
-  L.add("probs", H * N, "softmax weights p_hj, [H, N]")
-  L.add("att", D, "Σ_h Σ_j p_hj v_j^h wo_h = attention_layer(T, X)_i")
-  if F is not None:
-    L.add("y", D, "x_i + att_i")
-    L.add("hidden", F, "relu(y w1 + b1)")
-    L.add("out", D, "y + hidden w2 + b2 = encoder_layer(T, X)_i")
-  param_names = tuple(shapes)
-
-  # -- layer 1: every position copies the parameter token (AHAT, 1 head) -----------------------
-  Pn = sum(L[f].size for f in param_names)
-  w1 = AttentionWeights(L, num_heads=1, key_dim=1, value_dim=Pn)
-  w1.query(0, "is_param", [[1.0]])
-  w1.query(0, "is_row", [[1.0]])          # query = is_param + is_row = 1 at every position
-  w1.key(0, "is_param", [[1.0]])          # score 1 at the parameter token, 0 elsewhere
-  off = 0
-  for f in param_names:
-    n = L[f].size
-    w1.value(0, f"T.{f}", np.eye(n), value_start=off)
-    w1.output(0, f, np.eye(n), value_start=off)
-    off += n
-  layer1 = AHATLayer("copy_params", 1, 1, Pn,
-                     "every position selects the parameter token (score = key's is_param) and copies T's "
-                     "parameters into its own slots")
-
-  # -- layer 2: per-row projections (position-wise) --------------------------------------------
-  def project(r):
-    x = r["x"]
-    return {n: jnp.einsum("d,hde->he", x, r["w" + n].reshape(H, D, Dh),
-                          precision=HIGHEST) for n in ("q", "k", "v")}
-
-  layer2 = PositionwiseLayer("project", project, ("x", "wq", "wk", "wv"), ("q", "k", "v"),
-                             "q_i^h = x_i wq_h, k_i^h = x_i wk_h, v_i^h = x_i wv_h (products of the row "
-                             "and the copied weights)")
-
-  # -- layer 3: gather every row's k, v, presence to every position (AHAT, N heads) ------------
-  HD = H * Dh
-  w3 = AttentionWeights(L, num_heads=N, key_dim=1, value_dim=2 * HD + 1)
-  for j in range(N):
-    w3.query(j, "is_param", [[1.0]])
-    w3.query(j, "is_row", [[1.0]])
-    w3.key(j, "index", [[1.0]], slot_start=j)      # score 1 at row j+1 ...
-    w3.key(j, "is_param", [[0.5]])                 # ... ½ at the parameter token (the default)
-    w3.value(j, "k", np.eye(HD), value_start=0)
-    w3.value(j, "v", np.eye(HD), value_start=HD)
-    w3.value(j, "is_row", [[1.0]], value_start=2 * HD)
-    w3.output(j, "keys", np.eye(HD), value_start=0, slot_start=j * HD)
-    w3.output(j, "values", np.eye(HD), value_start=HD, slot_start=j * HD)
-    w3.output(j, "present", [[1.0]], value_start=2 * HD, slot_start=j)
-  layer3 = AHATLayer("gather", N, 1, 2 * HD + 1,
-                     "head j (query 1, key index_j + ½·is_param) selects row j if it exists, else the "
-                     "parameter token (zeros), and copies k_j, v_j and is_row_j to every position")
-
-  # -- layers 4-7: softmax attention from the gathered rows (position-wise) --------------------
-  scale = 1.0 / math.sqrt(Dh)
-
-  def scores(r):
-    s = jnp.einsum("hd,jhd->hj", r["q"].reshape(H, Dh), r["keys"].reshape(N, H, Dh), precision=HIGHEST)
-    return {"scores": s * jnp.float32(scale)}
-
-  def exp(r):
-    s = r["scores"].reshape(H, N)
-    present = jnp.broadcast_to((r["present"] > 0.5)[None, :], (H, N))
-    top = jnp.max(jnp.where(present, s, -jnp.inf), axis=1, keepdims=True)
-    return {"exp": jnp.where(present, jnp.exp(jnp.where(present, s - top, -jnp.inf)), 0.0)}
-
-  def normalise(r):
-    e = r["exp"].reshape(H, N)
-    return {"probs": e / jnp.sum(e, axis=1, keepdims=True)}
-
-  def mix(r):
-    p = r["probs"].reshape(H, N)
-    o = jnp.einsum("hj,jhe->he", p, r["values"].reshape(N, H, Dh), precision=HIGHEST)
-    return {"att": jnp.einsum("he,hed->d", o, r["wo"].reshape(H, Dh, D), precision=HIGHEST)}
-
-  layers = [
-      layer1, layer2, layer3,
-      PositionwiseLayer("scores", scores, ("q", "keys"), ("scores",), "s_hj = q_i^h·k_j^h / √D_h"),
-      PositionwiseLayer("exp", exp, ("scores", "present"), ("exp",),
-                        "e_hj = [present_j] exp(s_hj − max_{present j} s_hj) (Lemma 4: elementwise exp)"),
-      PositionwiseLayer("normalise", normalise, ("exp",), ("probs",),
-                        "p_hj = e_hj / Σ_j e_hj (Lemma 4: row sum and division)"),
-      PositionwiseLayer("mix", mix, ("probs", "values", "wo"), ("att",),
-                        "att_i = Σ_h (Σ_j p_hj v_j^h) wo_h = attention_layer(T, X)_i"),
-  ]
-  out_slot = "att"
-  if F is not None:
-    def residual(r):
-      return {"y": r["x"] + r["att"]}
-
-    def ffn_hidden(r):
-      h = jnp.einsum("d,df->f", r["y"], r["w1"].reshape(D, F), precision=HIGHEST) + r["b1"]
-      return {"hidden": jax.nn.relu(h)}
-
-    def ffn_out(r):
-      o = jnp.einsum("f,fd->d", r["hidden"], r["w2"].reshape(F, D), precision=HIGHEST)
-      return {"out": r["y"] + o + r["b2"]}
-
-    layers += [
-        PositionwiseLayer("residual", residual, ("x", "att"), ("y",), "y_i = x_i + att_i"),
-        PositionwiseLayer("ffn_hidden", ffn_hidden, ("y", "w1", "b1"), ("hidden",), "h_i = relu(y_i w1 + b1)"),
-        PositionwiseLayer("ffn_out", ffn_out, ("y", "hidden", "w2", "b2"), ("out",),
-                          "out_i = y_i + h_i w2 + b2 = encoder_layer(T, X)_i"),
-    ]
-    out_slot = "out"
-  program = Program(L, layers, {"copy_params": w1, "gather": w3})
-  return program, {"shapes": shapes, "out_slot": out_slot}
+# (slot, cell type, axes of T's matrix in the cell's index order)
+_PARAM_CELLS = {"wq": ("T.wq", "W", "h d e"), "wk": ("T.wk", "W", "h d e"), "wv": ("T.wv", "W", "h d e"),
+                "wo": ("T.wo", "W", "h e d"), "w1": ("T.w1", "V", "d f"), "w2": ("T.w2", "V", "f d"),
+                "b1": ("T.b1", "B1", "f"), "b2": ("T.b2", "B2", "d")}
+_CELL_DOCS = {
+    "BOS": "the default key: is_bos = 1",
+    "W": "T.wq, T.wk, T.wv = wq, wk, wv[h, d, e]; T.wo = wo[h, e, d]",
+    "V": "T.w1 = w1[d, f]; T.w2 = w2[f, d]", "B1": "T.b1 = b1[f]", "B2": "T.b2 = b2[d]",
+    "X": "x = X[i, d]; at the end T(X)[i, d]",
+    "A": "products X[i, d]·w[h, d, e] and o[h, i, e]·wo[h, e, d]",
+    "S": "products q[h, i, e]·k[h, j, e] and exp(s_hij − max_j' s_hij')·v[h, j, e]",
+    "Hd": "the hidden unit (i, f)", "F": "products Y[i, d]·w1[d, f] and hidden[i, f]·w2[f, d]",
+}
 
 
 class Simulator:
   """U for inputs of length ``n <= max_len``: ``Simulator(params, X)`` = ``T(X)``.
 
-  Built by :func:`build_simulator` from sizes only. ``weights`` (the fixed matrices of the
-  AHAT layers, ``{layer: {"wq", "wk", "wv", "wo"}}``), ``layers`` (one
+  Built by :func:`build_simulator` from sizes only. ``weights`` (the fixed matrices:
+  ``{layer: {"wq", "wk", "wv", "wo"}}`` for AHAT layers, ``{layer: {"w"}}`` for linear ones),
+  ``wiring`` (the coordinates each product / unary layer reads and writes), ``layers`` (one
   :class:`~jaxmem.simulator.machine.LayerInfo` per layer), ``num_heads`` (AHAT heads of U in
-  all, ``1 + max_len``), ``heads_per_layer``, ``num_params`` (entries of the fixed
-  matrices), ``num_nonzero``, ``width`` (residual width), ``layout``
-  (:class:`SimulatorLayout`), ``encode(params, X)`` → U's input sequence ``[1 + n, width]``,
-  ``run_sequence(seq)`` → U's output sequence ``[1 + n, width]``, ``decode(seq)`` → ``[n, D]``.
-  ``sizes`` holds ``max_len, d_model, num_heads`` (of T), ``head_dim``, ``ffn_dim``."""
+  all), ``heads_per_layer``, ``num_params`` (entries of the fixed matrices), ``num_nonzero``,
+  ``width`` (residual width), ``sequence_length(n)`` (positions for ``X [n, D]``),
+  ``layout`` (:class:`SimulatorLayout`), ``encode(params, X)`` → U's input sequence
+  ``[sequence_length(n), width]``, ``run_sequence(seq)`` → the output sequence,
+  ``decode(seq)`` → ``[n, D]``. ``sizes`` holds ``max_len, d_model, num_heads`` (of T),
+  ``head_dim``, ``ffn_dim``."""
 
   def __init__(self, max_len: int, d_model: int, num_heads: int, head_dim: int, ffn_dim: Optional[int]):
     self.max_len, self.d_model, self.target_heads, self.head_dim, self.ffn_dim = (
         max_len, d_model, num_heads, head_dim, ffn_dim)
     self._program, meta = _build_program(max_len, d_model, num_heads, head_dim, ffn_dim)
-    self._shapes, self._out_slot = meta["shapes"], meta["out_slot"]
+    self._cells, self._out_slot = meta["cells"], meta["out_slot"]
+    self._shapes = _param_shapes(d_model, num_heads, head_dim, ffn_dim)
+    self._lengths = {_sequence_length(self._cells, n): n for n in range(1, max_len + 1)}
+    self._base: dict[int, np.ndarray] = {}
 
   # -- description ----------------------------------------------------------------------------
   @property
@@ -278,13 +418,25 @@ class Simulator:
 
   @property
   def weights(self) -> dict:
-    """``{layer: {"wq", "wk", "wv", "wo"}}``: the fixed matrices of U's AHAT layers (a fresh
-    dict of the same immutable arrays)."""
+    """``{layer: {name: matrix}}``: the fixed matrices of U's AHAT (``wq, wk, wv, wo``) and
+    linear (``w``) layers (a fresh dict of the same immutable arrays)."""
     return {name: dict(w) for name, w in self._program.weights.items()}
+
+  @property
+  def wiring(self) -> dict:
+    """``{layer: {"out", "a"[, "b"]}}``: the residual coordinates of each product / unary layer
+    (``out_k = a_k · b_k`` or ``op(a_k)``; numpy copies)."""
+    return {name: {k: v.copy() for k, v in w.items()} for name, w in self._program.wiring.items()}
 
   @property
   def layers(self) -> list[LayerInfo]:
     return list(self._program.infos)
+
+  @property
+  def layer_counts(self) -> dict[str, int]:
+    """Layers of each kind: ``{"ahat", "linear", "product", "unary"}`` → count."""
+    kinds = [i.kind for i in self._program.infos]
+    return {k: kinds.count(k) for k in ("ahat", "linear", "product", "unary")}
 
   @property
   def num_heads(self) -> int:
@@ -306,18 +458,36 @@ class Simulator:
   def width(self) -> int:
     return self._program.layout.width
 
+  def _check_n(self, n) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= self.max_len:
+      raise ValueError(f"`n` must be an integer in 1..max_len={self.max_len}, got {n!r}.")
+    return int(n)
+
+  def sequence_length(self, n: Optional[int] = None) -> int:
+    """Positions of U's input sequence for ``X [n, D]`` (``n = max_len`` by default: the padded
+    length every run uses)."""
+    return _sequence_length(self._cells, self.max_len if n is None else self._check_n(n))
+
+  def cell_positions(self, n: int) -> dict[str, slice]:
+    """``{cell type: slice of positions}`` of the sequence for ``X [n, D]``, in sequence order."""
+    n = self._check_n(n)
+    out, start = {}, 0
+    for cell, axes in self._cells.items():
+      count = len(_cell_indices(axes, n))
+      out[cell] = slice(start, start + count)
+      start += count
+    return out
+
   @property
   def layout(self) -> SimulatorLayout:
     L = self._program.layout
-    return SimulatorLayout(
-        positions=(
-            ("0", "the parameter token: is_param = 1 and T's matrices in slots " +
-             ", ".join(f"T.{f}" for f in self._shapes)),
-            ("1..n", "row i: is_row = 1, index = one-hot(i) (N = max_len coordinates), x = x_i"),
-        ),
-        slots=L.slots,
-        params={f: (f"T.{f}", shp) for f, shp in self._shapes.items()},
-        width=L.width, input_width=L.input_width, output_slot=self._out_slot)
+    counts = {"BOS": "1", "W": "H·D·D_h", "V": "D·F", "B1": "F", "B2": "D", "X": "n·D", "A": "n·D·H·D_h",
+              "S": "H·n²·D_h", "Hd": "n·F", "F": "n·D·F"}
+    positions = tuple((f"{c} ({' '.join(a for a, _ in axes)})" if axes else c, counts[c], _CELL_DOCS[c])
+                      for c, axes in self._cells.items())
+    return SimulatorLayout(positions=positions, slots=L.slots,
+                           params={f: _PARAM_CELLS[f] for f in self._shapes}, width=L.width,
+                           input_width=L.input_width, output_slot=self._out_slot)
 
   def describe(self) -> str:
     return self._program.describe()
@@ -326,7 +496,8 @@ class Simulator:
     kind = "encoder" if self.ffn_dim is not None else "attention"
     return (f"Simulator({kind}, max_len={self.max_len}, d_model={self.d_model}, num_heads={self.target_heads}, "
             f"head_dim={self.head_dim}, ffn_dim={self.ffn_dim}; U: {len(self.layers)} layers, "
-            f"{self.num_heads} AHAT heads, width {self.width}, {self.num_params} fixed weights)")
+            f"{self.num_heads} AHAT heads, width {self.width}, {self.sequence_length()} positions at n = "
+            f"{self.max_len}, {self.num_params} fixed weights)")
 
   # -- data in and out ------------------------------------------------------------------------
   def _check(self, params, X) -> int:
@@ -350,55 +521,90 @@ class Simulator:
       raise ValueError(f"`X` is longer than max_len: {n} rows > max_len={self.max_len}.")
     return n
 
+  def _tags(self, n: int) -> np.ndarray:
+    """The input sequence for length ``n`` with every flag and tag set and T, X zero (cached)."""
+    if n not in self._base:
+      L = self._program.layout
+      seq = np.zeros((self.sequence_length(n), L.width), np.float32)
+      seq[:, L["one"].start] = 1.0
+      pos = self.cell_positions(n)
+      seq[pos["BOS"], L["is_bos"].start] = 1.0
+      for cell, axes in self._cells.items():
+        idx = _cell_indices(axes, n)
+        rows = np.arange(pos[cell].start, pos[cell].stop)
+        for k, (a, _) in enumerate(axes):
+          seq[rows, L[f"{cell}.{a}"].start + idx[:, k]] = 1.0
+      S = _cell_indices(self._cells["S"], n)   # columns h, i, j, e
+      rows = np.arange(pos["S"].start, pos["S"].stop)
+      seq[rows, L["is_S"].start] = 1.0
+      row_of = S[:, 0] * self.max_len + S[:, 1]
+      seq[rows, L["S.hi"].start + row_of] = 1.0
+      first = S[:, 3] == 0
+      seq[rows[first], L["S.hi0"].start + row_of[first]] = 1.0
+      seq.flags.writeable = False
+      self._base[n] = seq
+    return self._base[n]
+
   def encode(self, params, X) -> jax.Array:
-    """U's input sequence ``[1 + n, width]``: the parameter token, then the rows of X."""
+    """U's input sequence ``[sequence_length(n), width]``: flags and tags, T's entries at the
+    ``W`` (``V``, ``B1``, ``B2``) cells and X's at the ``X`` cells, every other slot zero."""
     n = self._check(params, X)
-    N = self.max_len
-    flat = {}
     fields = dict(zip(_ATT_FIELDS, params if self.ffn_dim is None else params.att, strict=True))
     if self.ffn_dim is not None:
       fields.update(zip(_FFN_FIELDS, params[1:], strict=True))
-    P = 1 + n
-    is_param = np.zeros((P, 1), np.float32)
-    is_param[0] = 1
-    is_row = 1 - is_param
-    index = np.zeros((P, N), np.float32)
-    index[np.arange(1, P), np.arange(n)] = 1
+    base, L, pos = self._tags(n), self._program.layout, self.cell_positions(n)
     traced = any(isinstance(a, jax.core.Tracer) for a in (X, *fields.values()))
     xp = jnp if traced else np  # host-side numpy unless called under a jax transformation
-    x = xp.concatenate([xp.zeros((1, self.d_model), xp.float32), xp.asarray(X, xp.float32)], 0)
+    columns = [("x", pos["X"], xp.asarray(X, xp.float32))]
     for f, val in fields.items():
-      v = xp.reshape(xp.asarray(val, xp.float32), (1, -1))
-      flat[f"T.{f}"] = xp.concatenate([v, xp.zeros((n, v.shape[1]), xp.float32)], 0)
-    return self._program.encode(P, {"is_param": is_param, "is_row": is_row, "index": index, "x": x, **flat})
+      slot, cell, axes = _PARAM_CELLS[f]
+      val = xp.asarray(val, xp.float32)
+      if axes in ("h e d", "f d"):   # read transposed: the cell's index order is (h, d, e) / (d, f)
+        val = xp.swapaxes(val, -1, -2)
+      columns.append((slot, pos[cell], val))
+    if xp is np:
+      seq = base.copy()
+      for slot, rows, val in columns:
+        seq[rows, L[slot].start] = val.reshape(-1)
+      return jnp.asarray(seq)
+    seq = jnp.asarray(base)
+    for slot, rows, val in columns:
+      seq = seq.at[rows, L[slot].start].set(val.reshape(-1))
+    return seq
 
   def run_sequence(self, seq, *, pad: bool = True) -> jax.Array:
-    """Runs U's layers on an input sequence ``[P, width]``, ``2 <= P <= 1 + max_len``, and
-    returns the output sequence ``[P, width]`` (the final residual stream).
+    """Runs U's layers on an input sequence ``[P, width]`` with ``P = sequence_length(n)`` for
+    some ``n <= max_len``, and returns the output sequence ``[P, width]`` (the final residual).
 
-    ``pad=True`` (default) runs it padded to ``1 + max_len`` positions with a key mask, so one
-    compiled program serves every length: padded positions are invisible to every AHAT head
-    and reset to zero after each layer, and position-wise maps never mix positions, so the
-    real positions compute what the unpadded sequence computes (tested). ``pad=False`` runs
-    the ``P`` positions as they are (one compilation per length)."""
+    ``pad=True`` (default) runs it padded to ``sequence_length(max_len)`` positions with a key
+    mask, so one compiled program serves every length: padded positions are invisible to every
+    AHAT head and reset to zero after each layer, and position-wise layers never mix positions,
+    so the real positions compute what the unpadded sequence computes (tested). ``pad=False``
+    runs the ``P`` positions as they are (one compilation per length)."""
     shape = tuple(np.shape(seq))
-    if len(shape) != 2 or shape[1] != self.width or not 2 <= shape[0] <= 1 + self.max_len:
-      raise ValueError(f"`seq` must have shape [P, {self.width}] with 2 <= P <= {1 + self.max_len}, "
-                       f"got {shape}.")
+    if len(shape) != 2 or shape[1] != self.width or shape[0] not in self._lengths:
+      raise ValueError(f"`seq` must have shape [P, {self.width}] with P = sequence_length(n) for some "
+                       f"n in 1..{self.max_len} ({sorted(self._lengths)}), got {shape}.")
     check_finite_array("seq", seq)
     if not pad:
       return self._program.run(seq)
-    P, full = shape[0], 1 + self.max_len
+    P, full = shape[0], self.sequence_length()
     xp = jnp if isinstance(seq, jax.core.Tracer) else np
     padded = xp.concatenate([xp.asarray(seq, xp.float32), xp.zeros((full - P, self.width), xp.float32)], 0)
     out = self._program.run(padded, mask=np.arange(full) < P)
     return out[:P] if xp is jnp else jnp.asarray(np.asarray(out)[:P])
 
   def decode(self, out_seq) -> jax.Array:
-    """``T(X)`` ``[n, D]`` from U's output sequence: the output slot at positions 1..n."""
+    """``T(X)`` ``[n, D]`` from U's output sequence: the output slot at the ``X`` cells."""
+    P = int(np.shape(out_seq)[0])
+    if P not in self._lengths:
+      raise ValueError(f"`out_seq` must have P = sequence_length(n) positions for some n in 1..{self.max_len}, "
+                       f"got {P}.")
+    n = self._lengths[P]
+    rows, col = self.cell_positions(n)["X"], self._program.layout[self._out_slot].start
     if isinstance(out_seq, jax.core.Tracer):
-      return self._program.read(out_seq[1:], self._out_slot)
-    return jnp.asarray(np.asarray(out_seq)[1:, self._program.layout.slice(self._out_slot)])
+      return out_seq[rows, col].reshape(n, self.d_model)
+    return jnp.asarray(np.asarray(out_seq)[rows, col].reshape(n, self.d_model))
 
   def __call__(self, params, X) -> jax.Array:
     return self.decode(self.run_sequence(self.encode(params, X)))

@@ -1,11 +1,22 @@
 """The residual-stream machine: layers' reads/writes come from the weights, slots are written once,
-position-wise maps see one position and only the slots they declare, padding is invisible."""
+position-wise maps see one position and only the slots they declare, padding is invisible; the restricted
+position-wise kinds (linear, product, unary) compute exactly what their data says."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxmem.simulator.machine import AHATLayer, AttentionWeights, Layout, PositionwiseLayer, Program
+from jaxmem.simulator.machine import (
+  AHATLayer,
+  AttentionWeights,
+  Layout,
+  LinearLayer,
+  LinearWeights,
+  PositionwiseLayer,
+  ProductLayer,
+  Program,
+  UnaryLayer,
+)
 
 
 def small_layout():
@@ -71,3 +82,64 @@ def test_positionwise_map_cannot_read_undeclared_slots():
   prog = Program(L, [sneaky], {})
   with pytest.raises(KeyError, match="did not declare"):
     prog.run(jnp.zeros((2, L.width)))
+
+
+def test_restricted_positionwise_layers():
+  L = Layout()
+  L.add("u", 3, "input vector", is_input=True)
+  L.add("c", 1, "input scalar", is_input=True)
+  L.add("lin", 3, "2·u − c")
+  L.add("prod", 3, "lin · u")
+  L.add("scaled", 3, "c · u (a size-1 operand is broadcast)")
+  L.add("e", 3, "exp(prod)")
+  L.add("r", 3, "1 / e")
+  L.add("y", 3, "relu(lin)")
+  lw = LinearWeights(L)
+  lw.add("lin", "u", 2.0)
+  lw.add("lin", "c", -1.0)
+  layers = [LinearLayer("affine", "2·u − c"),
+            ProductLayer("mul", (("prod", "lin", "u"), ("scaled", "c", "u")), "lin·u, c·u"),
+            UnaryLayer("exp", "exp", (("e", "prod"),), "exp"),
+            UnaryLayer("inv", "reciprocal", (("r", "e"),), "1/e"),
+            UnaryLayer("relu", "relu", (("y", "lin"),), "relu")]
+  prog = Program(L, layers, {"affine": lw})
+  u = np.array([[0.5, -1.0, 2.0], [1.5, 0.25, -3.0]], np.float32)
+  c = np.array([[1.0], [-2.0]], np.float32)
+  out = prog.run(prog.encode(2, {"u": u, "c": c}))
+  lin = 2 * u - c
+  np.testing.assert_array_equal(prog.read(out, "lin"), lin)
+  np.testing.assert_array_equal(prog.read(out, "prod"), lin * u)
+  np.testing.assert_array_equal(prog.read(out, "scaled"), c * u)
+  np.testing.assert_allclose(prog.read(out, "e"), np.exp(lin * u), rtol=1e-6)
+  np.testing.assert_allclose(prog.read(out, "r"), np.exp(-lin * u), rtol=1e-6)
+  np.testing.assert_array_equal(prog.read(out, "y"), np.maximum(lin, 0))
+  kinds = [(i.kind, i.op, i.reads, i.writes) for i in prog.infos]
+  assert kinds == [("linear", "", ("u", "c"), ("lin",)), ("product", "", ("lin", "u", "c"), ("prod", "scaled")),
+                   ("unary", "exp", ("prod",), ("e",)), ("unary", "reciprocal", ("e",), ("r",)),
+                   ("unary", "relu", ("lin",), ("y",))]
+  np.testing.assert_array_equal(prog.wiring["mul"]["b"], L["u"].start + np.array([0, 1, 2, 0, 1, 2]))
+  np.testing.assert_array_equal(prog.wiring["mul"]["a"],
+                                np.r_[L["lin"].start + np.arange(3), [L["c"].start] * 3])
+  assert prog.num_params == L.width ** 2 and prog.num_nonzero == 6   # 2·I (u) and a row of −1 (c)
+  assert "| 3 | `exp` | exp |" in prog.describe() and "linear (fixed matrix)" in prog.describe()
+
+
+def test_restricted_layers_reject_bad_wiring():
+  L = Layout()
+  L.add("u", 3, "input", is_input=True)
+  L.add("v", 2, "input", is_input=True)
+  L.add("w", 3, "output")
+  with pytest.raises(ValueError, match="does not fit"):
+    Program(L, [ProductLayer("p", (("w", "u", "v"),), "")], {})
+  with pytest.raises(ValueError, match="does not fit"):
+    LinearWeights(L).add("w", "v")
+  with pytest.raises(ValueError, match="must name 3 slots"):
+    Program(L, [ProductLayer("p", (("w", "u"),), "")], {})
+  with pytest.raises(ValueError, match="writes a coordinate twice"):
+    Program(L, [UnaryLayer("p", "exp", (("w", "u"), ("w", "u")), "")], {})
+  with pytest.raises(ValueError, match="already input or written"):
+    Program(L, [UnaryLayer("p", "relu", (("v", "v"),), "")], {})
+  with pytest.raises(ValueError, match="must be LinearWeights"):
+    Program(L, [LinearLayer("lin", "")], {"lin": AttentionWeights(L, 1, 1, 1)})
+  with pytest.raises(ValueError, match="`op` must be one of"):
+    UnaryLayer("p", "tanh", (("w", "u"),), "")

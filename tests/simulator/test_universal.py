@@ -1,4 +1,9 @@
-"""The universal simulator U (Theorem 6 / Corollary 6.1): U(T, X) == T(X) for every T and n <= N."""
+"""The universal simulator U (Theorem 6 / Corollary 6.1): U(T, X) == T(X) for every T and n <= N, with
+every sum, maximum and normaliser done by AHAT attention and only products, exp, reciprocal, ReLU and
+fixed linear maps position-wise.
+
+Three programs are compiled here (attention with 1 and 2 heads, the encoder); every other test reuses them.
+"""
 
 from types import SimpleNamespace
 
@@ -13,17 +18,44 @@ from jaxmem.simulator import (
   attention_layer_numpy,
   build_simulator,
   encoder_layer,
+  encoder_layer_numpy,
   error_table,
   random_params,
   universal,
 )
 from jaxmem.simulator import machine as machine_mod
+from jaxmem.simulator.machine import (
+  UNARY_OPS,
+  AHATLayer,
+  AttentionWeights,
+  LinearLayer,
+  LinearWeights,
+  PositionwiseLayer,
+  ProductLayer,
+  Program,
+  UnaryLayer,
+)
 
-MAX_LEN, D = 4, 5   # every length 1..4, D odd and != D_h
+MAX_LEN, D, DH, F = 4, 3, 2, 3   # every length 1..4; D odd and != D_h
+DH1 = 3   # the one-head simulator's D_h: not a power of two, so a mean of D_h equal scores can round
+
+# Tolerance, from float32 rounding (u = 2**-24 ≈ 6e-8 per operation). U computes the sums of T(X) in another
+# order than attention_layer: each sum of c terms is an AHAT mean (c − 1 additions and a division by c) times c
+# in W_O, each product and each exp / reciprocal rounds once (exp to a few ulp). Along the longest chain
+# (x·w summed over D, q·k over D_h, the softmax over n, o·wo over H·D_h, the FFN over D and F) that is
+# fewer than 40 roundings at these sizes, each relative to the sum of the |terms| it is part of; with
+# random T the outputs are within a factor ~5 of those sums (little cancellation), so |U − T(X)| stays
+# below ~40·5·u ≈ 1.2e-5 of the largest output in the worst case and far below it typically (the
+# measured errors are ~2e-7). float32 attention_layer has errors of the same size as U's, so the bound
+# holds against it and against the float64 equation alike. It is not tuned: 1e-5 is the issue's bound.
+REL_TOL = 1e-5
 
 
 def snapshot(sim):
-  return {(layer, name): np.array(a) for layer, w in sim.weights.items() for name, a in w.items()}
+  """Every fixed number of U: the attention and linear matrices and the product / unary wiring."""
+  out = {("w", layer, name): np.array(a) for layer, w in sim.weights.items() for name, a in w.items()}
+  out |= {("wiring", layer, name): np.array(a) for layer, w in sim.wiring.items() for name, a in w.items()}
+  return out
 
 
 def assert_same_weights(before, sim):
@@ -38,194 +70,368 @@ def rel_err(got, ref):
   return np.abs(np.asarray(got, np.float64) - ref).max() / np.abs(ref).max()
 
 
-@pytest.mark.parametrize("H,Dh", [(1, 3), (2, 4), (3, 4)])
-@pytest.mark.slow
-def test_simulates_every_attention_layer_at_every_length(H, Dh):
-  sim = build_simulator(MAX_LEN, D, H, Dh)
+# -- the structure: attention does the work --------------------------------------------------------
+
+
+RESTRICTED = (AHATLayer, LinearLayer, ProductLayer, UnaryLayer)
+
+
+def assert_attention_does_the_work(program):
+  """Fails unless every layer is AHAT with fixed weights or one of the restricted position-wise kinds:
+
+  * product: every output coordinate is ``a·b`` of exactly two coordinates; unary: ``op(a)`` of one, ``op``
+    in exp / reciprocal / relu — the elementwise maps of one or two scalars;
+  * linear: a fixed matrix none of whose output coordinates reads more than two coordinates, so no sum over
+    a matrix dimension hides in a linear map;
+  * AHAT: ``tol = 0``; every value coordinate reads one residual coordinate and every residual coordinate is
+    written from one value coordinate (``W_V``, ``W_O`` at most one non-zero per column): attention routes
+    values with a fixed scale, and the only sum it does is its average over the selected positions."""
+  for layer in program.layers:
+    assert type(layer) in RESTRICTED, f"{layer.name!r} is a {type(layer).__name__}, not a restricted kind"
+    if isinstance(layer, (ProductLayer, UnaryLayer)):
+      wire = program.wiring[layer.name]
+      operands = ("a", "b") if isinstance(layer, ProductLayer) else ("a",)
+      assert set(wire) == {"out", *operands}, layer.name
+      assert all(wire[k].shape == wire["out"].shape for k in operands), layer.name
+      assert len(np.unique(wire["out"])) == len(wire["out"]), layer.name
+      if isinstance(layer, UnaryLayer):
+        assert layer.op in UNARY_OPS, layer.name
+    elif isinstance(layer, LinearLayer):
+      m = np.asarray(program.weights[layer.name]["w"])
+      assert m.shape == (program.layout.width,) * 2
+      assert np.count_nonzero(m, axis=0).max() <= 2, f"{layer.name!r}: an output reads more than two coords"
+    else:
+      assert layer.tol == 0.0, layer.name
+      w = {k: np.asarray(a) for k, a in program.weights[layer.name].items()}
+      assert np.count_nonzero(w["wv"], axis=0).max() <= 1, f"{layer.name!r}: a value sums coordinates"
+      assert np.count_nonzero(w["wo"], axis=0).max() <= 1, f"{layer.name!r}: an output sums value coordinates"
+
+
+@pytest.fixture(scope="module")
+def sims():
+  return {"H1": build_simulator(MAX_LEN, D, 1, DH1), "H2": build_simulator(MAX_LEN, D, 2, DH),
+          "enc": build_simulator(MAX_LEN, D, 2, DH, ffn_dim=F)}
+
+
+def test_u_is_attention_and_restricted_positionwise_layers_only(sims):
+  for sim in sims.values():
+    assert_attention_does_the_work(sim.program)
+    assert {i.kind for i in sim.layers} == {"ahat", "linear", "product", "unary"}
+
+
+def test_the_structure_check_rejects_the_old_design(sims):
+  """Mutants of U: the old design's free-form `mix` map in place of the AHAT sum over heads; a linear map that
+  sums a slot's coordinates; an AHAT value that sums coordinates. Each is a valid Program, and each fails."""
+  prog = sims["H2"].program
+  H, Dh = 2, DH
+
+  def mix(r):   # the old U's last map: a whole output projection at one position
+    return {"att": r["a_att"] * H * Dh}
+
+  old_mix = PositionwiseLayer("mix", mix, ("a_att",), ("att",), "att = Σ_h,e o wo")
+  layers = [old_mix if layer.name == "sum_over_heads" else layer for layer in prog.layers]
+  with pytest.raises(AssertionError, match="'mix' is a PositionwiseLayer"):
+    assert_attention_does_the_work(Program(prog.layout, layers, _builders(prog)))
+
+  L = machine_mod.Layout()
+  L.add("v", 3, "input", is_input=True)
+  L.add("s", 1, "a sum")
+  lw = LinearWeights(L)   # its `add` refuses a reduction; a hand-written matrix does not
+  lw.w[L["v"].start:L["v"].start + 3, L["s"].start] = 1.0   # s = v_0 + v_1 + v_2: a reduction
+  with pytest.raises(AssertionError, match="reads more than two coords"):
+    assert_attention_does_the_work(Program(L, [LinearLayer("sum", "s = Σ v")], {"sum": lw}))
+  aw = AttentionWeights(L, 1, 1, 1)
+  aw.query(0, "v", [[1.0], [0.0], [0.0]])
+  aw.value(0, "v", [[1.0], [1.0], [1.0]])
+  aw.output(0, "s", [[1.0]])
+  with pytest.raises(AssertionError, match="a value sums coordinates"):
+    assert_attention_does_the_work(Program(L, [AHATLayer("att", 1, 1, 1, "")], {"att": aw}))
+
+
+def _builders(prog):
+  """A program's fixed weights back as builders (to assemble a mutant Program from them)."""
+  out = {}
+  for layer in prog.layers:
+    w = {k: np.asarray(a) for k, a in prog.weights.get(layer.name, {}).items()}
+    if isinstance(layer, AHATLayer):
+      b = AttentionWeights(prog.layout, layer.num_heads, layer.key_dim, layer.value_dim)
+      b.wq, b.wk, b.wv, b.wo = w["wq"], w["wk"], w["wv"], w["wo"]
+      out[layer.name] = b
+    elif isinstance(layer, LinearLayer):
+      b = LinearWeights(prog.layout)
+      b.w = w["w"]
+      out[layer.name] = b
+  return out
+
+
+def test_weights_depend_on_sizes_only(sims):
+  sim = sims["H1"]
+  fresh, _ = universal._build_program.__wrapped__(MAX_LEN, D, 1, DH1, None)  # an uncached second build
+  assert fresh is not sim.program
+  assert_same_weights(snapshot(sim), SimpleNamespace(weights=fresh.weights, wiring=fresh.wiring))
+  # T's matrices enter only through the input sequence: one entry per W cell, X one entry per X cell
+  rng = np.random.default_rng(0)
+  params = random_params(rng, D, 1, DH1)
+  n = 3
+  X = rng.standard_normal((n, D)).astype(np.float32)
+  seq = np.asarray(sim.encode(params, X))
+  L = sim.layout
+  assert seq.shape == (sim.sequence_length(n), sim.width) and L.width == sim.width
+  slot = {s.name: s.start for s in L.slots}
+  pos = sim.cell_positions(n)
+  assert list(pos) == ["BOS", "W", "X", "A", "S"] and pos["S"].stop == len(seq)
+  for f in ("wq", "wk", "wv", "wo"):
+    name, cell, axes = L.params[f]
+    want = getattr(params, f) if axes == "h d e" else np.swapaxes(getattr(params, f), 1, 2)
+    np.testing.assert_array_equal(seq[pos[cell], slot[name]].reshape(1, D, DH1), want)
+    assert np.count_nonzero(seq[:, slot[name]]) == np.count_nonzero(want)   # nowhere else
+  np.testing.assert_array_equal(seq[pos["X"], slot["x"]].reshape(n, D), X)
+  # tags: a one-hot per index at its own cells, zero elsewhere; A cell (i, d, h, e) in row-major order
+  A = seq[pos["A"]]
+  a_i = slice(slot["A.i"], slot["A.i"] + MAX_LEN)
+  np.testing.assert_array_equal(A[:, a_i].argmax(1), np.repeat(np.arange(n), D * DH1))
+  assert not seq[pos["S"], a_i].any()
+  assert seq[:, slot["one"]].all() and seq[0, slot["is_bos"]] == 1 and seq[:, slot["is_bos"]].sum() == 1
+  assert not seq[:, L.input_width:].any()  # computed slots start at zero
+  out_seq = np.asarray(sim.run_sequence(seq))
+  got = out_seq[pos["X"], slot[L.output_slot]].reshape(n, D)
+  np.testing.assert_array_equal(got, np.asarray(sim(params, X)))
+
+
+# -- U(T, X) == T(X) -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key,H,Dh", [("H1", 1, DH1), ("H2", 2, DH)])
+def test_simulates_every_attention_layer_at_every_length(sims, key, H, Dh):
+  sim = sims[key]
   before = snapshot(sim)
-  rng = np.random.default_rng(10 * H + Dh)
+  rng = np.random.default_rng(10 * H)
   for n in range(1, MAX_LEN + 1):
     for _ in range(2):  # a different T every call, same U
       params = random_params(rng, D, H, Dh)
       X = rng.standard_normal((n, D)).astype(np.float32)
       out = sim(params, X)
       assert out.shape == (n, D)
-      ref = attention_layer(params, X)
-      assert rel_err(out, ref) <= 1e-5, (n, rel_err(out, ref))
-      assert rel_err(out, attention_layer_numpy(params, X)) <= 1e-5
+      assert rel_err(out, attention_layer(params, X)) <= REL_TOL, n
+      assert rel_err(out, attention_layer_numpy(params, X)) <= REL_TOL, n
   assert_same_weights(before, sim)
 
 
-@pytest.mark.slow
-def test_simulates_every_encoder_layer_at_every_length():
-  H, Dh, F = 2, 3, 7
-  sim = build_simulator(MAX_LEN, D, H, Dh, ffn_dim=F)
+def test_simulates_every_encoder_layer_at_every_length(sims):
+  sim = sims["enc"]
   before = snapshot(sim)
   rng = np.random.default_rng(1)
   for n in range(1, MAX_LEN + 1):
-    params = random_params(rng, D, H, Dh, F)
-    X = rng.standard_normal((n, D)).astype(np.float32)
-    assert rel_err(sim(params, X), encoder_layer(params, X)) <= 1e-5
+    for _ in range(2):
+      params = random_params(rng, D, 2, DH, F)
+      X = rng.standard_normal((n, D)).astype(np.float32)
+      assert rel_err(sim(params, X), encoder_layer(params, X)) <= REL_TOL, n
+      assert rel_err(sim(params, X), encoder_layer_numpy(params, X)) <= REL_TOL, n
   assert_same_weights(before, sim)
-  assert [i.name for i in sim.layers][-3:] == ["residual", "ffn_hidden", "ffn_out"]
+  assert [i.name for i in sim.layers][-3:] == ["ffn_out_products", "sum_ffn_out", "ffn_residual"]
 
 
-def test_saturating_softmax_stays_accurate():
-  """Scores of magnitude ~1e3: exp without max-subtraction would overflow float32 (exp(89) = inf)."""
-  H, Dh = 2, 4
-  sim = build_simulator(MAX_LEN, D, H, Dh)
+def test_saturating_softmax_stays_accurate(sims):
+  """Scores of magnitude ~1e3: exp without the row max subtracted would overflow float32 (exp(89) = inf).
+
+  The scores' own rounding (|s|·u ≈ 1e-4 absolute) moves the softmax weights by at most p(1 − p)·δs, and
+  saturated weights are near 0 or 1: the error stays at the scale of the unsaturated case."""
+  H = 2
+  sim = sims["H2"]
   rng = np.random.default_rng(5)
   for n in (2, MAX_LEN):
-    params = random_params(rng, D, H, Dh, scale=30.0)
+    params = random_params(rng, D, H, DH, scale=30.0)
     X = rng.standard_normal((n, D)).astype(np.float32)
     wq, wk = (np.asarray(w, np.float64) for w in params[:2])
-    q = np.einsum("nd,hde->hne", X, wq)
-    k = np.einsum("nd,hde->hne", X, wk)
-    scores = np.einsum("hne,hme->hnm", q, k) / np.sqrt(Dh)
-    assert np.abs(scores).max() > 100
+    scores = np.einsum("hne,hme->hnm", np.einsum("nd,hde->hne", X, wq), np.einsum("nd,hde->hne", X, wk))
+    assert np.abs(scores / np.sqrt(DH)).max() > 100
     out = sim(params, X)
     assert np.all(np.isfinite(np.asarray(out)))
-    assert rel_err(out, attention_layer(params, X)) <= 1e-5
-    assert rel_err(out, attention_layer_numpy(params, X)) <= 1e-5
+    assert rel_err(out, attention_layer(params, X)) <= REL_TOL
+    assert rel_err(out, attention_layer_numpy(params, X)) <= REL_TOL
 
 
-def test_weights_depend_on_sizes_only():
-  a = build_simulator(MAX_LEN, D, 1, 3)   # the simulator of test_simulates_every_attention_layer[1-3]
-  fresh, _ = universal._build_program.__wrapped__(MAX_LEN, D, 1, 3, None)  # an uncached second build
-  assert fresh is not a.program
-  assert_same_weights(snapshot(a), SimpleNamespace(weights=fresh.weights))
-  # T's matrices enter only through the input sequence: position 0's T.* slots
-  rng = np.random.default_rng(0)
-  params = random_params(rng, D, 1, 3)
-  n = 3
-  X = rng.standard_normal((n, D)).astype(np.float32)
-  seq = np.asarray(a.encode(params, X))
-  L = a.layout
-  assert seq.shape == (1 + n, a.width) and L.width == a.width
-  slot = {s.name: slice(s.start, s.start + s.size) for s in L.slots}
-  for f in ("wq", "wk", "wv", "wo"):
-    name, shape = L.params[f]
-    np.testing.assert_array_equal(seq[0, slot[name]].reshape(shape), getattr(params, f))
-    assert not seq[1:, slot[name]].any()
-  np.testing.assert_array_equal(seq[1:, slot["x"]], X)
-  np.testing.assert_array_equal(seq[1:, slot["index"]], np.eye(MAX_LEN)[:n])
-  assert seq[0, slot["is_param"]].item() == 1 and not seq[1:, slot["is_param"]].any()
-  assert not seq[:, L.input_width:].any()  # computed slots start at zero
-  out_seq = np.asarray(a.run_sequence(seq))
-  np.testing.assert_array_equal(out_seq[1:, slot[L.output_slot]], np.asarray(a(params, X)))
+@pytest.mark.parametrize("key,H,Dh", [("H1", 1, DH1), ("H2", 2, DH)])
+def test_row_max_is_the_exact_maximum_and_ties_are_served(sims, key, H, Dh):
+  """The `rowmax` slot at S cell (h, i, j, e) is bitwise the maximum of U's own scores over the row (h, i): an
+  argmax of a data key, no tolerance (keyed on the e = 0 cells only: a mean of D_h = 3 equal copies would
+  round). With repeated rows of X every score of a row ties (a mean of n equal values: the test then asks
+  only for the right output)."""
+  sim = sims[key]
+  L = sim.program.layout
+  rng = np.random.default_rng(3)
+  params = random_params(rng, D, H, Dh)
+  n = MAX_LEN
+  cases = [(rng.standard_normal((n, D)).astype(np.float32), False) for _ in range(6)]   # 6·H·n rows
+  for X, ties in cases + [(np.repeat(rng.standard_normal((1, D)).astype(np.float32), n, 0), True)]:
+    out_seq = np.asarray(sim.run_sequence(sim.encode(params, X)))
+    S = out_seq[sim.cell_positions(n)["S"]]
+    score = S[:, L["score"].start].reshape(H, n, n, Dh)
+    rowmax = S[:, L["rowmax"].start].reshape(H, n, n, Dh)
+    assert np.isfinite(out_seq).all()
+    if ties:
+      assert rel_err(sim.decode(out_seq), attention_layer_numpy(params, X)) <= REL_TOL
+      continue
+    np.testing.assert_array_equal(rowmax, np.broadcast_to(score.max(axis=(2, 3), keepdims=True), rowmax.shape))
+    assert rel_err(sim.decode(out_seq), attention_layer_numpy(params, X)) <= REL_TOL
 
 
-def test_padded_and_unpadded_runs_agree():
-  sim = build_simulator(MAX_LEN, D, 2, 4)   # padded: the program the tests above compiled
+def test_queries_outside_a_selection_read_the_bos(sims):
+  """Every AHAT layer selects by tags among one cell type; a query of another type matches no key and must
+  get the BOS's value (the default key, score K − ½), never the mean of the whole sequence."""
+  sim = sims["enc"]
+  L = sim.program.layout
+  rng = np.random.default_rng(7)
+  n = 2
+  out_seq = np.asarray(sim.run_sequence(sim.encode(random_params(rng, D, 2, DH, F),
+                                                    rng.standard_normal((n, D)).astype(np.float32))))
+  pos = sim.cell_positions(n)
+  active = {"a_": "A", "s_": "S", "score": "S", "rowmax": "S", "f_": "F", "hd_": "Hd", "x_b2": "X", "att": "X",
+            "ffn": "X"}
+  written = [s for i in sim.layers if i.kind == "ahat" for s in i.writes if s != "gmin"]   # gmin: global
+  assert len(written) == 21
+  for slot in written:
+    cell = next(c for p, c in active.items() if slot.startswith(p))
+    col = out_seq[:, L[slot].start]
+    others = np.ones(len(out_seq), bool)
+    others[pos[cell]] = False
+    np.testing.assert_array_equal(col[others], col[0], err_msg=slot)   # position 0 is the BOS
+  assert np.isfinite(out_seq).all()
+  assert out_seq[0, L["ez"].start] == 1 and out_seq[pos["X"], L["a_den"].start].min() == 1   # neutral values
+
+
+def test_padded_and_unpadded_runs_agree(sims):
+  sim = sims["H2"]
   rng = np.random.default_rng(2)
-  params = random_params(rng, D, 2, 4)
+  params = random_params(rng, D, 2, DH)
   seq = sim.encode(params, rng.standard_normal((2, D)).astype(np.float32))
-  np.testing.assert_allclose(sim.run_sequence(seq, pad=False), sim.run_sequence(seq), rtol=1e-6, atol=1e-6)
+  padded = np.asarray(sim.run_sequence(seq))
+  np.testing.assert_allclose(sim.run_sequence(seq, pad=False), padded, rtol=1e-6, atol=1e-6)
+  assert np.isfinite(padded).all()
 
 
-def test_runs_under_jit():
-  sim = build_simulator(MAX_LEN, D, 2, 4)
+def test_runs_under_jit(sims):
+  sim = sims["H2"]
   rng = np.random.default_rng(4)
-  params = random_params(rng, D, 2, 4)
+  params = random_params(rng, D, 2, DH)
   X = rng.standard_normal((3, D)).astype(np.float32)
   out = jax.jit(lambda p, x: sim(p, x))(params, X)   # one call: one compilation of U inside a user jit
   np.testing.assert_allclose(out, sim(params, X), rtol=1e-6, atol=1e-6)
 
 
-def test_layers_heads_and_sizes():
-  N, Dm, H, Dh = 6, 5, 3, 4
-  sim = build_simulator(N, Dm, H, Dh)
-  kinds = [(i.name, i.kind, i.num_heads) for i in sim.layers]
-  assert kinds[:3] == [("copy_params", "ahat", 1), ("project", "positionwise", 0), ("gather", "ahat", N)]
-  assert all(k == "positionwise" for _, k, _ in kinds[3:])
-  assert sim.num_heads == 1 + N and sim.heads_per_layer == (1, 0, N, 0, 0, 0, 0)
-  assert set(sim.weights) == {"copy_params", "gather"}
-  Pn = 4 * H * Dm * Dh
-  width = 2 + N + Dm + 2 * Pn + 3 * H * Dh + N * (2 * H * Dh + 1) + 3 * H * N + Dm
-  assert sim.width == width
-  assert sim.num_params == 2 * width + 2 * width * Pn + 2 * width * N + 2 * width * N * (2 * H * Dh + 1)
-  assert sim.num_nonzero == 3 + 2 * Pn + N * (4 * H * Dh + 6)
-  F = 7
-  enc = build_simulator(N, Dm, H, Dh, ffn_dim=F)
-  assert enc.width == width + 2 * (2 * Dm * F + F + Dm) + 2 * Dm + F
-  assert sim.layers[2].reads == ("is_param", "is_row", "index", "k", "v")
-  assert sim.layers[2].writes == ("keys", "values", "present")
+def test_layers_heads_and_sizes(sims):
+  for key, H, ffn in (("H1", 1, None), ("H2", 2, None), ("enc", 2, F)):
+    sim, N = sims[key], MAX_LEN
+    G = H * N   # one coordinate per softmax row (h, i)
+    kinds = [i.kind for i in sim.layers]
+    assert kinds[:17] == ["ahat", "product", "ahat", "product", "ahat", "ahat", "linear", "product", "ahat",
+                          "linear", "unary", "product", "ahat", "unary", "product", "product", "ahat"]
+    n_attention = 9 if ffn is None else 16
+    assert sim.num_heads == n_attention and max(sim.heads_per_layer) == (2 if ffn is None else 5)
+    Dh = DH1 if key == "H1" else DH
+    width = 33 + 3 * H + 3 * D + 3 * Dh + 4 * N + 5 * G
+    if ffn is not None:
+      width += 3 * D + 4 * ffn + 2 * N + 19
+    assert sim.width == width
+    for n in range(1, N + 1):
+      P = 1 + H * D * Dh + n * D + n * D * H * Dh + H * n * n * Dh
+      if ffn is not None:
+        P += D * ffn + ffn + D + n * ffn + n * D * ffn
+      assert sim.sequence_length(n) == P
+    fixed = sum(2 * sim.width * i.num_heads * (i.key_dim + i.value_dim) for i in sim.layers if i.kind == "ahat")
+    fixed += sum(sim.width ** 2 for i in sim.layers if i.kind == "linear")
+    assert sim.num_params == fixed
+  info = {i.name: i for i in sims["H2"].layers}
+  assert info["row_max"].reads == ("one", "is_bos", "is_S", "S.hi", "score", "mk_in", "mk_out")
+  assert info["sum_over_j"].writes == ("a_num", "a_den")
+  assert (info["exp"].op, info["reciprocal"].op) == ("exp", "reciprocal")
 
 
-def test_every_attention_step_is_the_ahat_kernel(monkeypatch):
+def test_every_attention_step_is_the_ahat_kernel(sims, monkeypatch):
   calls = []
   real = machine_mod.ahat_attention
 
   def spy(q, k, v, **kw):
-    calls.append((q.shape, v.shape))
+    calls.append((q.shape, k.shape, v.shape, kw["tol"]))
     return real(q, k, v, **kw)
 
   monkeypatch.setattr(machine_mod, "ahat_attention", spy)
   monkeypatch.setattr(universal, "_build_program", universal._build_program.__wrapped__)  # uncached
-  sim = build_simulator(3, 2, 1, 2)  # a fresh program, traced with the spy
+  sim = build_simulator(MAX_LEN, D, 2, DH)  # a fresh program, traced with the spy
   rng = np.random.default_rng(0)
-  params, X = random_params(rng, 2, 1, 2), rng.standard_normal((2, 2)).astype(np.float32)
+  params, X = random_params(rng, D, 2, DH), rng.standard_normal((2, D)).astype(np.float32)
   jax.make_jaxpr(lambda p, x: sim(p, x))(params, X)   # tracing is what calls the kernel: no compile
-  P = 4  # padded to 1 + max_len
-  Pn = 4 * 1 * 2 * 2  # wq, wk, wv, wo of T: 4·H·D·Dh numbers, one value vector of the copy head
-  assert calls == [((1, P, 1, 1), (1, P, 1, Pn)), ((1, P, 3, 1), (1, P, 3, 2 * 2 + 1))]
+  P = sim.sequence_length()   # padded to n = max_len
+  declared = [((1, P, i.num_heads, i.key_dim),) * 2 + ((1, P, i.num_heads, i.value_dim), 0.0)
+              for i in sims["H2"].layers if i.kind == "ahat"]
+  assert calls == declared and len(calls) == 7
 
 
-def test_error_table_rows():
-  rows = error_table(MAX_LEN, D, [2, 3], 4, [1, 4], 2, 0)  # the simulators of the tests above
-  assert [(r.heads, r.n) for r in rows] == [(2, 1), (2, 4), (3, 1), (3, 4)]
+def test_error_table_rows(sims):
+  rows = error_table(MAX_LEN, D, [2, 2], DH, [1, 4], 2, 0)  # the H2 simulator (no new compilation)
+  assert [(r.heads, r.n) for r in rows] == [(2, 1), (2, 4), (2, 1), (2, 4)]
   for r in rows:
     assert r.max_abs_out > 0 and r.rel_err == pytest.approx(r.max_abs_err / r.max_abs_out)
-    assert r.rel_err <= 1e-5
-  rows64 = error_table(MAX_LEN, D, [2], 4, [3], 1, 0, reference="float64")
-  assert rows64[0].rel_err <= 1e-5
+    assert r.rel_err <= REL_TOL
+  rows64 = error_table(MAX_LEN, D, [2], DH, [3], 1, 0, reference="float64")
+  assert rows64[0].rel_err <= REL_TOL
 
 
-def test_bad_inputs():
-  sim = build_simulator(4, 3, 2, 2)
+def test_bad_inputs(sims):
+  sim = sims["H2"]
   rng = np.random.default_rng(0)
-  p = random_params(rng, 3, 2, 2)
-  X = np.zeros((2, 3), np.float32)
+  p = random_params(rng, D, 2, DH)
+  X = np.zeros((2, D), np.float32)
   with pytest.raises(ValueError, match="wider than d_model"):
-    sim(p, np.zeros((2, 4)))
-  with pytest.raises(ValueError, match="d_model=3 columns"):
-    sim(p, np.zeros((2, 2)))
+    sim(p, np.zeros((2, D + 1)))
+  with pytest.raises(ValueError, match=f"d_model={D} columns"):
+    sim(p, np.zeros((2, D - 1)))
   with pytest.raises(ValueError, match="longer than max_len"):
-    sim(p, np.zeros((5, 3)))
+    sim(p, np.zeros((MAX_LEN + 1, D)))
   with pytest.raises(ValueError, match="`X` must have rank 2"):
-    sim(p, np.zeros(3))
+    sim(p, np.zeros(D))
   with pytest.raises(ValueError, match="`X` must not be empty"):
-    sim(p, np.zeros((0, 3)))
-  with pytest.raises(ValueError, match=r"`params.wq` must have shape \(2, 3, 2\)"):
-    sim(p._replace(wq=np.zeros((2, 3, 3))), X)
+    sim(p, np.zeros((0, D)))
+  with pytest.raises(ValueError, match=rf"`params.wq` must have shape \(2, {D}, {DH}\)"):
+    sim(p._replace(wq=np.zeros((2, D, DH + 1))), X)
   with pytest.raises(ValueError, match=r"`params.wo` must have shape"):
-    sim(p._replace(wo=np.zeros((1, 2, 3))), X)
+    sim(p._replace(wo=np.zeros((1, DH, D))), X)
   with pytest.raises(ValueError, match="`X` holds non-finite"):
     sim(p, np.array([[0, np.inf, 0], [0, 0, 0]], np.float32))
   with pytest.raises(ValueError, match="`params.wk` holds non-finite"):
-    sim(p._replace(wk=np.full((2, 3, 2), np.nan, np.float32)), X)
+    sim(p._replace(wk=np.full((2, D, DH), np.nan, np.float32)), X)
   with pytest.raises(ValueError, match="EncoderParams"):
-    sim(random_params(rng, 3, 2, 2, 4), X)
+    sim(random_params(rng, D, 2, DH, 4), X)
   with pytest.raises(ValueError, match="AttentionParams"):
     sim((p.wq, p.wk, p.wv, p.wo), X)
-  enc = build_simulator(4, 3, 2, 2, ffn_dim=4)
-  with pytest.raises(ValueError, match="built with ffn_dim=4"):
+  enc = sims["enc"]
+  with pytest.raises(ValueError, match=f"built with ffn_dim={F}"):
     enc(p, X)
-  with pytest.raises(ValueError, match=r"`params.b1` must have shape \(4,\)"):
-    ep = random_params(rng, 3, 2, 2, 4)
-    enc(ep._replace(b1=np.zeros(5, np.float32)), X)
+  with pytest.raises(ValueError, match=rf"`params.b1` must have shape \({F},\)"):
+    ep = random_params(rng, D, 2, DH, F)
+    enc(ep._replace(b1=np.zeros(F + 1, np.float32)), X)
   with pytest.raises(ValueError, match="`params.w1` must have shape"):
-    enc(random_params(rng, 3, 2, 2, 5), X)
+    enc(random_params(rng, D, 2, DH, F + 1), X)
+  P = sim.sequence_length(2)
   with pytest.raises(ValueError, match="`seq` must have shape"):
-    sim.run_sequence(np.zeros((6, sim.width)))
+    sim.run_sequence(np.zeros((P + 1, sim.width)))
   with pytest.raises(ValueError, match="`seq` must have shape"):
-    sim.run_sequence(np.zeros((3, sim.width + 1)))
+    sim.run_sequence(np.zeros((P, sim.width + 1)))
   with pytest.raises(ValueError, match="`seq` holds non-finite"):
-    sim.run_sequence(np.full((3, sim.width), np.nan))
+    sim.run_sequence(np.full((P, sim.width), np.nan))
+  with pytest.raises(ValueError, match="`out_seq` must have"):
+    sim.decode(np.zeros((P - 1, sim.width)))
+  for bad in (0, MAX_LEN + 1, 1.0):
+    with pytest.raises(ValueError, match="`n` must be an integer"):
+      sim.sequence_length(bad)
+    with pytest.raises(ValueError, match="`n` must be an integer"):
+      sim.cell_positions(bad)
   for name, args in (("max_len", (0, 3, 2, 2)), ("d_model", (4, 0, 2, 2)), ("num_heads", (4, 3, 1.5, 2)),
                      ("head_dim", (4, 3, 2, -1))):
     with pytest.raises(ValueError, match=f"`{name}` must be a positive integer"):
       build_simulator(*args)
   with pytest.raises(ValueError, match="`ffn_dim` must be a positive integer"):
     build_simulator(4, 3, 2, 2, ffn_dim=0)
+  with pytest.raises(ValueError, match="`op` must be one of"):
+    UnaryLayer("bad", "sin", (), "")
   assert isinstance(p, AttentionParams) and not isinstance(p, EncoderParams)

@@ -6,9 +6,10 @@ average-hard-attention layers with fixed weights computes ``T(X)`` for any singl
 (multi-head) attention or encoder layer ``T`` given as data, for every ``n ≤ N``. Measured:
 ``max|U(T, X) − T(X)|`` over random ``T`` and ``X`` at several ``n`` (one U per head count,
 serving every trial), against the float32 direct computation and the float64 equation;
-the encoder variant; saturating scores; and the constructions (transpose, matrix product,
-softmax, MaxMin, ReLU, 3×3 determinant and inverse) against ``jnp``. Sizes:
-``configs/simulator_u.py``.
+the encoder variant; saturating scores; U's sizes and its layer table (every sum of ``T(X)`` an
+AHAT aggregation, position-wise only products, exp, reciprocal, ReLU and fixed linear maps);
+and the constructions (transpose, matrix product, softmax, MaxMin, ReLU, 3×3 determinant and
+inverse) against ``jnp``. Sizes: ``configs/simulator_u.py``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,28 @@ class SimulatorSettings:
   ffn_dim: int                 # the encoder variant's FFN width
   saturating_scale: float      # wq, wk multiplied by this: scores ~ scale² × O(1)
   seed: int
+
+
+SIZE_COLUMNS = ["T heads", "variant", "layers", "AHAT", "linear", "product", "unary", "AHAT heads",
+                "max heads / layer", "residual width", "positions", "fixed weights", "non-zero"]
+
+
+def size_row(sim) -> list:
+  """One row of the size table (:data:`SIZE_COLUMNS`) for a simulator."""
+  c = sim.layer_counts
+  return [sim.target_heads, "encoder" if sim.ffn_dim else "attention", len(sim.layers), c["ahat"], c["linear"],
+          c["product"], c["unary"], sim.num_heads, max(sim.heads_per_layer), sim.width, sim.sequence_length(),
+          f"{sim.num_params:,}", f"{sim.num_nonzero:,}"]
+
+
+LAYER_COLUMNS = ["#", "layer", "kind", "heads", "reads → writes", "computes"]
+
+
+def layer_table(sim) -> list:
+  """One row per layer of U (:data:`LAYER_COLUMNS`)."""
+  kind = {"ahat": "AHAT", "linear": "linear", "product": "product a·b"}
+  return [[n, f"`{i.name}`", kind.get(i.kind, i.op), i.num_heads or "–",
+           f"{', '.join(i.reads)} → {', '.join(i.writes)}", i.computes] for n, i in enumerate(sim.layers, 1)]
 
 
 def construction_errors(seed: int) -> list:
@@ -84,13 +107,9 @@ def run(ctx: RunContext, s: SimulatorSettings) -> ExperimentResult:
            f"{b.rel_err:.2e}", f"{e.rel_err:.2e}", f"{z.rel_err:.2e}"]
           for a, b, e, z in zip(f32, f64, enc, sat, strict=True)]
   worst = max(r.rel_err for r in f32 + enc)
-  sizes = []
-  for H in s.heads:
-    for ffn in (None, s.ffn_dim):
-      sim = build_simulator(s.max_len, s.d_model, H, s.head_dim, ffn_dim=ffn)
-      n_att = sum(1 for layer in sim.layers if layer.kind == "ahat")
-      sizes.append([H, "encoder" if ffn else "attention", len(sim.layers), n_att, sim.num_heads,
-                    sim.width, f"{sim.num_params:,}", f"{sim.num_nonzero:,}"])
+  sizes = [size_row(build_simulator(s.max_len, s.d_model, H, s.head_dim, ffn_dim=ffn))
+           for H in s.heads for ffn in (None, s.ffn_dim)]
+  layer_rows = layer_table(build_simulator(s.max_len, s.d_model, s.heads[0], s.head_dim, ffn_dim=s.ffn_dim))
   cons = construction_errors(s.seed)
   figure = _plot(ctx, s, f32, enc)
   seconds = time.perf_counter() - t0
@@ -102,8 +121,10 @@ def run(ctx: RunContext, s: SimulatorSettings) -> ExperimentResult:
       "f32 ref: jaxmem.simulator.attention_layer (float32, precision highest); f64 ref: the numpy "
       f"float64 equation; encoder: Cor. 6.1's layer with FFN width {s.ffn_dim} (no layer norm); "
       f"saturating: wq, wk × {s.saturating_scale} (scores of order 10³).",
-      f"Bound: rel ≤ {BOUND:g} (float32 rounding). Both AHAT layers of U only copy single "
-      "positions (scores 0, ½, 1), exact in float32; all rounding is in the position-wise maps.",
+      f"Bound: rel ≤ {BOUND:g} (float32 rounding). Every sum of T(X) (over D, D_h, the keys, heads, "
+      "the FFN) is an AHAT mean over the positions holding its terms, times a fixed count; the row maxima "
+      "are AHAT argmaxes; position-wise layers are only products a·b, exp, reciprocal, ReLU and fixed "
+      "linear maps of at most two terms (jaxmem/simulator/README.md).",
       f"Wall time {seconds:.0f} s.",
   ]
   return ExperimentResult(
@@ -114,9 +135,10 @@ def run(ctx: RunContext, s: SimulatorSettings) -> ExperimentResult:
           Table("U(T, X) against direct computation",
                 ["heads", "n", "max abs err (f32 ref)", "max |T(X)|", "rel (f32 ref)", "rel (f64 ref)",
                  "rel, encoder", "rel, saturating"], rows),
-          Table("U's size (fixed weights; independent of T)",
-                ["T heads", "variant", "layers", "of which AHAT", "AHAT heads", "residual width",
-                 "fixed weights", "non-zero"], sizes),
+          Table(f"U's size (fixed weights, independent of T; positions at n = N = {s.max_len})",
+                SIZE_COLUMNS, sizes),
+          Table(f"U's layers (encoder, T heads = {s.heads[0]}; the attention variant is layers 1-17)",
+                LAYER_COLUMNS, layer_rows),
           Table("Exact constructions against jnp / numpy",
                 ["construction", "shape", "max rel err"], [[a, b, f"{e:.1e}"] for a, b, e in cons]),
       ],

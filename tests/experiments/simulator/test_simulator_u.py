@@ -1,5 +1,5 @@
 """simulator_u end to end at the smallest size that runs every branch (attention, float64,
-encoder and saturating error tables, the size table, the constructions, the figure): the
+encoder and saturating error tables, the size and layer tables, the constructions, the figure): the
 report is written through ``jaxmem.experiments.report.reproduce``, and its numbers are the
 ones recomputed here from the library (``error_table``, ``build_simulator``,
 ``construction_errors``) with the same settings; config variants."""
@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `
 
 
 def tiny():
-  # one head count, two lengths below max_len (U's padded, empty-selection heads in use: at n = 2 of 3
-  # a head for a missing row that averaged the whole sequence would read it as present)
+  # one head count, two lengths below max_len: U runs padded to the sequence of n = 3, the cells of the
+  # missing rows hidden by the key mask, and every real query's selection still exact
   return dataclasses.replace(REGISTRY["simulator_u"].load_config(True), max_len=3, heads=(2,),
                              n_values=(1, 2), trials=2, d_model=3, head_dim=2, ffn_dim=3)
 
@@ -45,13 +45,14 @@ def test_simulator_u_tiny_report_holds_the_recomputed_numbers(tmp_path):
   assert metrics["worst_rel_err"] == worst and worst <= exp.BOUND
   assert all(r.rel_err <= exp.BOUND for r in f64 + sat)
 
-  # U's sizes, recomputed from the simulators (weights depend on the sizes only)
+  # U's sizes and layer table, recomputed from the simulators (weights depend on the sizes only)
   for H in s.heads:
-    for ffn, variant in ((None, "attention"), (s.ffn_dim, "encoder")):
-      sim = build_simulator(s.max_len, s.d_model, H, s.head_dim, ffn_dim=ffn)
-      n_att = sum(1 for layer in sim.layers if layer.kind == "ahat")
-      assert (f"| {H} | {variant} | {len(sim.layers)} | {n_att} | {sim.num_heads} | {sim.width} | "
-              f"{sim.num_params:,} | {sim.num_nonzero:,} |") in report
+    for ffn in (None, s.ffn_dim):
+      row = exp.size_row(build_simulator(s.max_len, s.d_model, H, s.head_dim, ffn_dim=ffn))
+      assert markdown_table(exp.SIZE_COLUMNS, [row]).splitlines()[-1] in report
+  layers = exp.layer_table(build_simulator(s.max_len, s.d_model, s.heads[0], s.head_dim, ffn_dim=s.ffn_dim))
+  assert len(layers) == 27 and markdown_table(exp.LAYER_COLUMNS, layers) in report
+  assert {r[2] for r in layers} == {"AHAT", "linear", "product a·b", "exp", "reciprocal", "relu"}
 
   # the constructions, recomputed
   cons = exp.construction_errors(s.seed)
