@@ -58,7 +58,7 @@ from jaxmem.kernels.attention import check_q_offset, check_qkv
 from jaxmem.kernels.precision import matmul_for
 from jaxmem.kernels.segments import check_segment_ids, segment_index
 
-__all__ = ["ahat_attention", "ahat_head", "ahat_weights", "soft_attention", "soft_weights"]
+__all__ = ["ahat_attention", "ahat_head", "ahat_sublayer", "ahat_weights", "soft_attention", "soft_weights"]
 
 
 def _visible(T: int, S: int, causal: bool, mask_S: Optional[jax.Array], q_offset=None,
@@ -199,3 +199,23 @@ def soft_attention(q_BTHD, k_BSHD, v_BSHE, *, beta: float, causal: bool = False,
   check_finite_number("beta", beta, positive=True)
   return _run(q_BTHD, k_BSHD, v_BSHE, causal, mask_BS, 0.0, float(beta), precision, return_weights, q_offset,
               segment_ids)
+
+
+def ahat_sublayer(x_BTD, wq_HDK, wk_HDK, wv_HDV, wo_HVD, *, causal: bool = False, mask_BS=None,
+                  tol: float = 0.0, return_scores: bool = False):
+  """The attention sublayer of a transformer of AHAT layers with fixed weights (the machine that RASP programs
+  compile to and that the universal simulator is written in): the residual update
+  ``Σ_h AHAT(x W_Q^h, x W_K^h, x W_V^h) W_O^h`` ``[B, T, D]`` (the caller adds it to ``x``), every product at
+  ``precision="highest"``.
+
+  Weights are per head: ``wq, wk [H, D, K]``, ``wv [H, D, V]``, ``wo [H, V, D]``. Returns ``(update, weights
+  [B, H, T, T])`` and with ``return_scores`` also the raw scores ``q·k`` ``[B, H, T, T]`` (hidden keys
+  included, unmasked)."""
+  proj = lambda w: jnp.einsum("btd,hdk->bthk", x_BTD, w, precision=jax.lax.Precision.HIGHEST)
+  q, k, v = proj(wq_HDK), proj(wk_HDK), proj(wv_HDV)
+  o, weights = ahat_attention(q, k, v, causal=causal, mask_BS=mask_BS, tol=tol, precision="highest",
+                              return_weights=True)
+  update = jnp.einsum("bthv,hvd->btd", o, wo_HVD, precision=jax.lax.Precision.HIGHEST)
+  if not return_scores:
+    return update, weights
+  return update, weights, jnp.einsum("bthk,bshk->bhts", q, k, precision=jax.lax.Precision.HIGHEST)

@@ -38,14 +38,17 @@ import numpy as np
 from flax import nnx
 
 from jaxmem.arrays import device_array
-from jaxmem.kernels.ahat import ahat_attention
+from jaxmem.kernels.ahat import ahat_sublayer
 from jaxmem.rasp.passes import value_key
 from jaxmem.sharding import param
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
-class AHATLayer(nnx.Module):
+class CompiledLayer(nnx.Module):
+  """One layer of a compiled program: the attention sublayer (:func:`jaxmem.kernels.ahat.ahat_sublayer`, the
+  sublayer the universal simulator's AHAT layers run too) and the layer's MLP."""
+
   def __init__(self, heads: Optional[Dict[str, np.ndarray]], mlp: List[tuple], tol: float,
                causal: bool = False):
     self.has_attn = heads is not None
@@ -62,17 +65,14 @@ class AHATLayer(nnx.Module):
   def __call__(self, x, mask):
     attn = scores = None
     if self.has_attn:
-      q = jnp.einsum("btd,hdk->bthk", x, self.wq[...], precision=HIGHEST)
-      k = jnp.einsum("btd,hdk->bthk", x, self.wk[...], precision=HIGHEST)
-      v = jnp.einsum("btd,hdk->bthk", x, self.wv[...], precision=HIGHEST)
-      o, attn = ahat_attention(q, k, v, causal=self.causal, mask_BS=mask, tol=self.tol,
-                               return_weights=True)
-      x = x + jnp.einsum("bthk,hkd->btd", o, self.wo[...], precision=HIGHEST)
+      update, attn, raw = ahat_sublayer(x, self.wq[...], self.wk[...], self.wv[...], self.wo[...],
+                                        causal=self.causal, mask_BS=mask, tol=self.tol, return_scores=True)
+      x = x + update
       T = x.shape[1]
       visible = mask[:, None, None, :]
       if self.causal:
         visible = visible & jnp.tril(jnp.ones((T, T), bool))[None, None]
-      scores = jnp.where(visible, jnp.einsum("bthk,bshk->bhts", q, k, precision=HIGHEST), -1e30)
+      scores = jnp.where(visible, raw, -1e30)
     after_attn = x
     if len(self.mlp_w):
       h = x
@@ -94,7 +94,7 @@ class AHATTransformer(nnx.Module):
                causal: bool = False):
     self.token_embed = param(device_array(token_embed, jnp.float32), ("vocab", "embed"))
     self.position_embed = param(device_array(position_embed, jnp.float32), ("length", "embed"))
-    self.layers = nnx.List([AHATLayer(l.get("heads"), l.get("mlp", []), tol, causal) for l in layers])
+    self.layers = nnx.List([CompiledLayer(l.get("heads"), l.get("mlp", []), tol, causal) for l in layers])
 
   def __call__(self, ids_BT, mask_BT):
     T = ids_BT.shape[1]

@@ -8,8 +8,9 @@ arXiv:2506.18739 v2, §3 and the RASP model it compiles from): a residual stream
 
 * :class:`AHATLayer` — average hard attention with **fixed** weight matrices
   ``W_Q, W_K [width, H·d_k]``, ``W_V [width, H·d_v]``, ``W_O [H·d_v, width]`` applied to the
-  residual stream: ``x ← x + concat_h(AHAT_h(x W_Q, x W_K, x W_V)) W_O``. The attention is a
-  call to :func:`jaxmem.kernels.ahat.ahat_attention` — nothing else. The weights are numpy
+  residual stream: ``x ← x + concat_h(AHAT_h(x W_Q, x W_K, x W_V)) W_O``. The layer is a
+  call to :func:`jaxmem.kernels.ahat.ahat_sublayer` (the AHAT kernel between fixed projections,
+  the same sublayer the RASP compiler's models run) — nothing else. The weights are numpy
   arrays built once from sizes (never from data) and are stored in :attr:`Program.weights`.
   Which slots a layer reads and writes is derived from the non-zero rows of ``W_Q, W_K, W_V``
   and the non-zero columns of ``W_O``, so the description cannot drift from the weights.
@@ -50,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmem.arrays import device_array
-from jaxmem.kernels.ahat import ahat_attention
+from jaxmem.kernels.ahat import ahat_sublayer
 
 __all__ = [
     "AHATLayer", "AttentionWeights", "LayerInfo", "Layout", "LinearLayer", "LinearWeights", "PositionwiseLayer",
@@ -433,13 +434,12 @@ class Program:
     return x
 
   def _ahat(self, layer: AHATLayer, w, x, mask=None):
-    B, P, _ = x.shape
+    W = self.layout.width
     H, dk, dv = layer.num_heads, layer.key_dim, layer.value_dim
-    q = jnp.einsum("bpw,wk->bpk", x, w["wq"], precision=HIGHEST).reshape(B, P, H, dk)
-    k = jnp.einsum("bpw,wk->bpk", x, w["wk"], precision=HIGHEST).reshape(B, P, H, dk)
-    v = jnp.einsum("bpw,wk->bpk", x, w["wv"], precision=HIGHEST).reshape(B, P, H, dv)
-    o = ahat_attention(q, k, v, mask_BS=mask, tol=layer.tol, precision="highest")        # [B, P, H, dv]
-    return jnp.einsum("bpk,kw->bpw", o.reshape(B, P, H * dv), w["wo"], precision=HIGHEST)
+    per_head = lambda m, d: jnp.transpose(jnp.reshape(m, (W, H, d)), (1, 0, 2))   # [W, H·d] -> [H, W, d]
+    update, _ = ahat_sublayer(x, per_head(w["wq"], dk), per_head(w["wk"], dk), per_head(w["wv"], dv),
+                              jnp.reshape(w["wo"], (H, dv, W)), mask_BS=mask, tol=layer.tol)
+    return update
 
   def _positionwise(self, layer: PositionwiseLayer, x):
     layout = self.layout

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxmem.kernels import ahat as ahat_kernels
 from jaxmem.simulator import (
   AttentionParams,
   EncoderParams,
@@ -349,13 +350,13 @@ def test_layers_heads_and_sizes(sims):
 
 def test_every_attention_step_is_the_ahat_kernel(sims, monkeypatch):
   calls = []
-  real = machine_mod.ahat_attention
+  real = ahat_kernels.ahat_attention   # machine.Program's AHAT layers call it through ahat_sublayer
 
   def spy(q, k, v, **kw):
     calls.append((q.shape, k.shape, v.shape, kw["tol"]))
     return real(q, k, v, **kw)
 
-  monkeypatch.setattr(machine_mod, "ahat_attention", spy)
+  monkeypatch.setattr(ahat_kernels, "ahat_attention", spy)
   monkeypatch.setattr(universal, "_build_program", universal._build_program.__wrapped__)  # uncached
   sim = build_simulator(MAX_LEN, D, 2, DH)  # a fresh program, traced with the spy
   rng = np.random.default_rng(0)
