@@ -14,7 +14,9 @@ with :func:`jaxmem.rasp.evaluate` on every input of every length ``n ≤ max_seq
 categorical outputs identical, numerical ones to float32 rounding of the means (≈1e−7
 relative). Limits, each a ``ValueError`` at compile time rather than a wrong model: numerical
 value sets above :data:`~jaxmem.rasp.passes.MAX_VALUE_SET`, values closer than float32 can
-separate (``SelectorWidth`` needs ``max_seq_len ≲ 300``), constants (``ConstantSOp``).
+separate (relative to the values, and to each SOp's float32 error bound,
+:class:`jaxmem.rasp.craft.ModelError`), constants (``ConstantSOp``), models above
+``max_params`` (estimated before any weight is built).
 """
 
 from __future__ import annotations
@@ -73,15 +75,18 @@ def compile(program: rasp.SOp, vocab: Sequence[Any], max_seq_len: int,  # noqa: 
   if not isinstance(causal, bool):
     raise ValueError(f"`causal` must be a bool, got {causal!r}.")
   vocab = _check_vocab(vocab, compiler_bos)
-  out = passes.rewrite(program)
+  vs = passes.ValueSets(vocab, max_seq_len)
+  out = passes.rewrite(program, vs)
   nodes = passes.walk(out)
   passes.check_types(nodes, out)
-  vs = passes.ValueSets(vocab, max_seq_len)
   for e in nodes:  # numerical tokens / Full must be numbers
     if isinstance(e, (rasp.TokensType, rasp.Full)) and rasp.is_numerical(e):
       vs[e]
   none_checked = passes.check_none(nodes, vs, out)
   schedule = passes.allocate(nodes)
+  fused = passes.allocate(nodes, fuse=True)
+  if fused.num_layers < schedule.num_layers:   # MLP-only chains in one layer's (deeper) MLP
+    schedule = fused
   res, tok, pos, layers = craft.build(nodes, out, vs, schedule, vocab, max_seq_len, max_params)
   space = res.spaces[out.unique_id]
   layer_dicts = []

@@ -35,9 +35,15 @@ MLPs (one lane per op, lanes side by side; ReLU; depth 1–3):
 * ``SequenceMap`` → one more layer of pair units ``relu(ind_a + ind_b − 1)`` over the
   operands' indicators (raw one-hots for categorical operands: depth 1, as tracr);
 * ``LinearSequenceMap`` of numericals → depth 1, ``c_a(relu(a)−relu(−a)) + c_b(…)``: exact.
+* an exact integer input (:class:`ModelError` ``(0, 0)``) needs no clean layer: slope 4 and
+  half-integer thresholds keep every term a small multiple of ½, so the steps of layer 1 are
+  exactly 0 or 1; an affine ``SequenceMap`` ``α·a + β·b + γ`` of exact integers
+  (:func:`affine_lane`) discretises the affine form itself, without a pair table.
 
 A lane shallower than its layer's MLP is carried forward by identity units
-(``relu(h) = h`` for ``h ≥ 0``).
+(``relu(h) = h`` for ``h ≥ 0``). An MLP-only chain in one layer (:func:`fuse_stages`) stacks
+its stages in depth, carrying what later stages read (``relu(x)``, ``relu(−x)``) beside them:
+every carried value is exact, so each stage computes what it would in a layer of its own.
 """
 
 from __future__ import annotations
@@ -53,7 +59,9 @@ from jaxmem.rasp.passes import (
   Schedule,
   ValueSets,
   call_or_raises,
+  is_number,
   kind,
+  maybe_none,
   selects_of,
   sort_values,
   value_key,
@@ -62,7 +70,9 @@ from jaxmem.rasp.passes import (
 TIE_TOL = 0.25
 STEP_SLOPE = 4.0       # L·gap: the step is saturated at ±2 at the neighbouring values
 CLEAN_SLOPE = 8.0
-MIN_GAP = 1e-5         # value sets closer than this (relative) cannot be told apart in float32
+MIN_GAP = 1e-5         # relative: closer values cannot be told apart by a float32 step
+U32 = 2.0 ** -24       # float32 unit roundoff
+EXACT_INT = 2 ** 20    # integers below this, times 4 and plus ½, stay exact in float32
 
 
 # ----------------------------------------------------------------------------- residual
@@ -111,6 +121,68 @@ class Residual:
     return len(self.names)
 
 
+# ----------------------------------------------------------------------------- float32 error
+
+
+def _integers(u: np.ndarray) -> bool:
+  return bool(u.size == 0 or (np.all(u == np.round(u)) and np.max(np.abs(u)) < EXACT_INT))
+
+
+class ModelError:
+  """A bound ``(a, r)`` on how far a numerical SOp's float32 value in the compiled model can
+  be from its exact value ``x``: ``|x̃ − x| ≤ a + r·|x|``. ``(0, 0)`` means exact (integers
+  written by one product, or sums of such below :data:`EXACT_INT`).
+
+  * indices, SelectorWidth: exact integers; tokens, Full, Map / SequenceMap tables: the value
+    written by one product ``1·y``, so ``y`` rounded to float32 once (exact for integers);
+  * ``LinearSequenceMap`` ``c_a·a + c_b·b``: the inputs' errors times ``|c|``, plus three
+    roundings of the terms (exact for integer coefficients and exact integer inputs);
+  * numerical ``Aggregate``: the mean of exact integers is one rounded division; otherwise the
+    input's error, plus a float32 sum of up to ``N`` terms (``N·u·max|v|``) and the division.
+
+  The discretising steps of :func:`_step_layers` use it: a step between two values is built
+  only if this error stays below a quarter of their gap (and the gap is at least
+  :data:`MIN_GAP` relative, for the step's own rounding)."""
+
+  def __init__(self, vs: ValueSets):
+    self.vs = vs
+    self.memo: Dict[int, Tuple[float, float]] = {}
+
+  def _values(self, e) -> np.ndarray:
+    if rasp.is_numerical(e):
+      return self.vs.numbers(e)
+    return np.asarray([float(v) for v in self.vs[e] if v is not None and not isinstance(v, str)
+                       and isinstance(v, (int, float, np.number))], np.float64)
+
+  def __call__(self, e: rasp.SOp) -> Tuple[float, float]:
+    if e.unique_id not in self.memo:
+      self.memo[e.unique_id] = self._bound(e)
+    return self.memo[e.unique_id]
+
+  def _bound(self, e: rasp.SOp) -> Tuple[float, float]:
+    if isinstance(e, (rasp.IndicesType, rasp.SelectorWidth)):
+      return (0.0, 0.0)
+    if isinstance(e, rasp.LinearSequenceMap) and rasp.is_numerical(e.fst) and rasp.is_numerical(e.snd):
+      total, exact, mag = 0.0, True, 0.0
+      for c, fac in ((e.fst, e.fst_fac), (e.snd, e.snd_fac)):
+        a, r = self(c)
+        m = float(np.max(np.abs(self._values(c)), initial=0.0))
+        total += abs(fac) * (a + r * m)
+        mag += abs(fac) * m
+        exact &= (a, r) == (0.0, 0.0) and float(fac) == round(float(fac)) and _integers(self._values(c))
+      if exact and mag < EXACT_INT:
+        return (0.0, 0.0)
+      return (total + 3 * U32 * mag, 0.0)
+    if isinstance(e, rasp.Aggregate):
+      src = self._values(e.sop)
+      m = float(np.max(np.abs(src), initial=0.0))
+      a, r = self(e.sop) if rasp.is_numerical(e.sop) else (0.0, 0.0 if _integers(src) else U32)
+      if (a, r) == (0.0, 0.0) and _integers(src) and self.vs.N * m < 2 ** 24:
+        return (0.0, 2 * U32)       # an exact integer sum, one division (two roundings, to be safe)
+      return (a + r * m + (self.vs.N + 1) * U32 * m, 2 * U32)
+    return (0.0, 0.0 if _integers(self._values(e)) else U32)
+
+
 # ----------------------------------------------------------------------------- MLP lanes
 
 
@@ -125,8 +197,10 @@ class Lane:
   """One op's MLP: ``layers[j]`` is a list of units reading layer ``j−1``'s units (the
   residual for ``j = 0``); ``out`` maps last-layer units to residual dims."""
 
-  def __init__(self, label: str):
+  def __init__(self, label: str, stage: int = 0):
     self.label = label
+    self.stage = stage      # > 0: reads the outputs of lanes of earlier stages of its MLP
+    self.cleanup = False
     self.layers: List[List[Unit]] = []
     self.out: Dict[Tuple[int, int], float] = {}   # (unit, residual dim) -> weight
 
@@ -149,22 +223,35 @@ def _indicators_categorical(space: Space, classes: List[List[int]]) -> List[Func
   return [{space.dims[i]: 1.0 for i in cls} for cls in classes]
 
 
-def _step_layers(lane: Lane, x_dim: int, u: np.ndarray, cuts: List[int], label: str):
-  """Layers 1–2 of a numerical discretisation at the change points ``cuts`` (indices into
-  the sorted values ``u``; a cut ``c`` separates ``u[c−1]`` from ``u[c]``). Returns the
-  layer-2 units' functionals: ``alive`` (1 off BOS) and each clean step ``s'_c``."""
+def _step_layers(lane: Lane, x: Functional, u: np.ndarray, cuts: List[int], label: str,
+                 err: Tuple[float, float] = (0.0, U32), x_bias: float = 0.0):
+  """The steps of a numerical discretisation at the change points ``cuts`` (indices into the
+  sorted values ``u``; a cut ``c`` separates ``u[c−1]`` from ``u[c]``) of the number
+  ``x·residual + x_bias``, whose float32 error is bounded by ``err`` (:class:`ModelError`).
+  Returns the last layer's functionals: ``alive`` (1 off BOS) and each step ``s_c``.
+
+  Exact integer input (``err`` 0, integer values): one layer, slope 4, where
+  ``relu(4(x−t)+½) − relu(4(x−t)−½)`` is exactly 0 or 1 (every term a small multiple of ½).
+  Otherwise two: slope ``4/gap``, then a clean layer (see the module docstring); refused when
+  ``err`` is not below a quarter of a gap, or a gap is below :data:`MIN_GAP` of the values."""
+  exact = err == (0.0, 0.0) and _integers(u) and _integers(np.asarray([x_bias]))
   l1 = lane.add_layer()
   l1.append(Unit({}, bias=1.0, bos=-2.0))  # alive: relu(1 − 2·bos)
   for c in cuts:
     gap = float(u[c] - u[c - 1])
-    scale = max(abs(float(u[c])), abs(float(u[c - 1])), 1.0)
-    if gap <= MIN_GAP * scale:
+    scale = max(abs(float(u[c])), abs(float(u[c - 1])))
+    if not exact and (gap <= MIN_GAP * scale or err[0] + err[1] * scale > gap / 4):
       raise ValueError(
-          f"'{label}' must tell apart the values {u[c - 1]!r} and {u[c]!r}, closer than "
-          f"float32 can resolve reliably (gap {gap:.3g}); the compiled model would not be exact.")
-    t, L = 0.5 * float(u[c] + u[c - 1]), STEP_SLOPE / gap
-    l1.append(Unit({x_dim: L}, bias=-L * t + 0.5))
-    l1.append(Unit({x_dim: L}, bias=-L * t - 0.5))
+          f"'{label}' must tell apart the values {u[c - 1]!r} and {u[c]!r} (gap {gap:.3g}), closer "
+          f"than its float32 value is known (error up to {err[0] + err[1] * scale:.2g}) or a float32 "
+          "step can resolve; the compiled model would not be exact.")
+    t = 0.5 * float(u[c] + u[c - 1])
+    L = STEP_SLOPE if exact else STEP_SLOPE / gap
+    w = {k: L * v for k, v in x.items()}
+    l1.append(Unit(dict(w), bias=L * (x_bias - t) + 0.5))
+    l1.append(Unit(dict(w), bias=L * (x_bias - t) - 0.5))
+  if exact:
+    return {0: 1.0}, [{1 + 2 * j: 1.0, 2 + 2 * j: -1.0} for j in range(len(cuts))]
   l2 = lane.add_layer()
   l2.append(Unit({0: 1.0}))  # alive, carried
   steps = []
@@ -257,8 +344,9 @@ class _Operand:
   """How a lane sees one input SOp: its sorted values and a way to build indicators of
   classes of them."""
 
-  def __init__(self, e: rasp.SOp, vs: ValueSets, res: Residual):
+  def __init__(self, e: rasp.SOp, vs: ValueSets, res: Residual, errors: ModelError):
     self.e, self.space = e, res.spaces[e.unique_id]
+    self.err = errors(e) if rasp.is_numerical(e) else (0.0, 0.0)
     if rasp.is_numerical(e):
       raw = vs[e]
       byval: Dict[float, Any] = {}
@@ -295,8 +383,8 @@ def _operand_indicators(lane: Lane, op: _Operand, keys: List[Any]):
     l1 = lane.add_layer()
     l1.append(Unit({}, bias=1.0, bos=-2.0))
     return 1, [{0: 1.0}], [0]
-  alive, steps = _step_layers(lane, op.space.dims[0], op.u, cuts, op.e.label)
-  return 2, _segments(len(op.u), cuts, alive, steps), [r[0] for r in runs]
+  alive, steps = _step_layers(lane, {op.space.dims[0]: 1.0}, op.u, cuts, op.e.label, op.err)
+  return lane.depth, _segments(len(op.u), cuts, alive, steps), [r[0] for r in runs]
 
 
 def _raise_dim(e: rasp.SOp, outs, res: Residual) -> None:
@@ -356,9 +444,9 @@ def check_rounding(e: rasp.SOp, f, op: "_Operand", vs: ValueSets, others=((),)) 
     vs.rounding[e.unique_id] = (max(vs.rounding.get(e.unique_id, (0.0, 0.0))[0], 2.0 * worst), 0.0)
 
 
-def map_lane(e: rasp.Map, vs: ValueSets, res: Residual) -> Lane:
+def map_lane(e: rasp.Map, vs: ValueSets, res: Residual, errors: ModelError) -> Lane:
   lane = Lane(e.label)
-  op = _Operand(e.inner, vs, res)
+  op = _Operand(e.inner, vs, res, errors)
   check_rounding(e, e.f, op, vs)
   outs = [None if v is None else call_or_raises(e.f, v) for v in op.values]
   _raise_dim(e, outs, res)
@@ -379,7 +467,8 @@ def width_lane(e: rasp.SelectorWidth, scratch: int, vs: ValueSets, res: Residual
   u = np.asarray([1.0 / (w + 1) for w in range(N, -1, -1)])  # ascending: w = N … 0
   ws = list(range(N, -1, -1))
   cuts = list(range(1, len(u)))
-  alive, steps = _step_layers(lane, scratch, u, cuts, e.label)
+  # the head writes 1/(w+1) as one float32 division: one rounding (two, to be safe)
+  alive, steps = _step_layers(lane, {scratch: 1.0}, u, cuts, e.label, (0.0, 2 * U32))
   inds = _segments(len(u), cuts, alive, steps)
   space = res.spaces[e.unique_id]
   _emit(lane, inds, ws, space, direct=space.encoding == "categorical")
@@ -399,9 +488,13 @@ def linear_lane(e: rasp.LinearSequenceMap, res: Residual) -> Lane:
   return lane
 
 
-def sequence_map_lane(e: rasp.SequenceMap, vs: ValueSets, res: Residual) -> Lane:
+def sequence_map_lane(e: rasp.SequenceMap, vs: ValueSets, res: Residual, errors: ModelError,
+                      budget=None) -> Lane:
+  """The table lane: one pair unit ``relu(ind_a + ind_b − 1)`` per pair of operand classes.
+  ``budget(n)`` is called with the number of pair units before they are built (it raises
+  when the model would be too large)."""
   lane = Lane(e.label)
-  a, b = _Operand(e.fst, vs, res), _Operand(e.snd, vs, res)
+  a, b = _Operand(e.fst, vs, res, errors), _Operand(e.snd, vs, res, errors)
   bvals = [(y,) for y in b.values if y is not None]
   avals = [(x,) for x in a.values if x is not None]
   check_rounding(e, e.f, a, vs, bvals)
@@ -420,6 +513,8 @@ def sequence_map_lane(e: rasp.SequenceMap, vs: ValueSets, res: Residual) -> Lane
   ib = _pad(lane_b, ib, db, depth)
   offset = _merge(lane, lane_b)
   ib = [{k + offset: w for k, w in f.items()} for f in ib] if depth > 0 else ib
+  if budget is not None:
+    budget(len(ra) * len(rb))
   # pair layer
   layer = lane.add_layer()
   space = res.spaces[e.unique_id]
@@ -434,6 +529,79 @@ def sequence_map_lane(e: rasp.SequenceMap, vs: ValueSets, res: Residual) -> Lane
       layer.append(Unit(f, bias=-1.0))
       for dim, val in enc.items():
         lane.out[(len(layer) - 1, dim)] = val
+  return lane
+
+
+def _exact_integer_form(e: rasp.SOp, vs: ValueSets, res: Residual, errors: ModelError):
+  """``(values, form)``: ``e``'s integer values and the linear form over the residual that
+  holds its value exactly (a numerical dim; ``Σ v·onehot_v`` for a categorical one), or None."""
+  sp = res.spaces[e.unique_id]
+  if sp.encoding == "numerical":
+    vals = [v for v in vs[e] if v is not None]
+    form = {sp.dims[0]: 1.0}
+    if errors(e) != (0.0, 0.0):
+      return None
+  else:
+    vals, form = list(sp.values), {}
+  if not vals or not all(is_number(v) and not isinstance(v, bool) for v in vals) or \
+      not _integers(np.asarray([float(v) for v in vals])):
+    return None
+  if sp.encoding == "categorical":
+    form = {dim: float(v) for dim, v in zip(sp.dims, vals, strict=True)}
+  return vals, form
+
+
+def affine_lane(e: rasp.SequenceMap, vs: ValueSets, res: Residual, errors: ModelError,
+                maybe_none: Dict[int, bool]) -> Optional[Lane]:
+  """A SequenceMap that is ``α·a + β·b + γ`` with integer ``α, β, γ`` on integer operands held
+  exactly (``length − 1 − indices``), as one lane over that affine form instead of a table of
+  ``|A|·|B|`` pair units: a numerical output is ``relu(z) − relu(−z)``; a categorical one the
+  exact one-layer integer steps of :func:`_step_layers` at its ``K`` values (``2K − 1``
+  units). None when the function is not such a map (checked on every pair of values, where
+  it must not raise), an operand may be None, or the table is cheaper."""
+  if maybe_none.get(e.fst.unique_id) or maybe_none.get(e.snd.unique_id):
+    return None
+  fa, fb = _exact_integer_form(e.fst, vs, res, errors), _exact_integer_form(e.snd, vs, res, errors)
+  if fa is None or fb is None or len(fa[0]) < 2 or len(fb[0]) < 2:
+    return None
+  (va, form_a), (vb, form_b) = fa, fb
+  table = [[call_or_raises(e.f, x, y) for y in vb] for x in va]
+  flat = [t for row in table for t in row]
+  if not all(is_number(t) and not isinstance(t, bool) for t in flat if t is not RAISES) or RAISES in flat:
+    return None
+  T = np.asarray(table, np.float64)
+  xa, xb = np.asarray(va, np.float64), np.asarray(vb, np.float64)
+  alpha = (T[1, 0] - T[0, 0]) / (xa[1] - xa[0])
+  beta = (T[0, 1] - T[0, 0]) / (xb[1] - xb[0])
+  gamma = T[0, 0] - alpha * xa[0] - beta * xb[0]
+  if not _integers(np.asarray([alpha, beta, gamma])) or not np.array_equal(
+      T, alpha * xa[:, None] + beta * xb[None, :] + gamma):
+    return None
+  if abs(alpha) * np.max(np.abs(xa)) + abs(beta) * np.max(np.abs(xb)) + abs(gamma) >= EXACT_INT:
+    return None
+  byval: Dict[float, Any] = {}
+  for i in range(len(va)):
+    for j in range(len(vb)):
+      byval.setdefault(float(T[i, j]), table[i][j])
+  u = np.asarray(sorted(byval))
+  space = res.spaces[e.unique_id]
+  if space.encoding == "categorical" and 2 * len(u) >= len(va) * len(vb):
+    return None
+  form: Functional = {}
+  for f, c in ((form_a, alpha), (form_b, beta)):
+    for k, w in f.items():
+      form[k] = form.get(k, 0.0) + float(c) * w
+  lane = Lane(e.label)
+  if space.encoding == "numerical":
+    layer = lane.add_layer()
+    layer.append(Unit(dict(form), bias=float(gamma)))
+    layer.append(Unit({k: -w for k, w in form.items()}, bias=-float(gamma)))
+    lane.out[(0, space.dims[0])] = 1.0
+    lane.out[(1, space.dims[0])] = -1.0
+    return lane
+  cuts = list(range(1, len(u)))
+  alive, steps = _step_layers(lane, form, u, cuts, e.label, (0.0, 0.0), x_bias=float(gamma))
+  _emit(lane, _segments(len(u), cuts, alive, steps), [byval[x] for x in u], space, direct=True)
   return lane
 
 
@@ -464,6 +632,7 @@ def _merge(lane: Lane, other: Lane) -> int:
 def cleanup_lane(label: str, space: Space, default: Any) -> Lane:
   """Zeroes an aggregate's dims at BOS (its BOS query read the default): ``relu(bos)``."""
   lane = Lane(label + ":bos_cleanup")
+  lane.cleanup = True     # adds to dims already in the residual (−default, at BOS only)
   layer = lane.add_layer()
   layer.append(Unit({}, bias=0.0, bos=1.0))
   for dim, val in _encode(space, default).items():
@@ -625,15 +794,134 @@ def assemble_mlp(lanes: List[Lane], d: int, x_bos: Optional[np.ndarray] = None
   return mats
 
 
-def estimate_params(d: int, heads: List[List[Head]], lanes: List[List[Lane]]) -> int:
-  """The dense parameter count :func:`assemble_mlp` and the head padding will produce."""
+def _side_by_side(lanes: List[Lane]) -> Tuple[List[List[Unit]], List[int]]:
+  """Lanes as one block of layers (shallow lanes carried to the common depth by identity
+  units); layer-0 weights are kept as they are (they index what the block reads), deeper
+  ones are shifted to the block's unit order. Returns the layers and each lane's offset in
+  the last layer."""
+  depth = max(ln.depth for ln in lanes)
+  layers: List[List[Unit]] = [[] for _ in range(depth)]
+  last = []
+  for ln in lanes:
+    prev = 0
+    for j in range(depth):
+      off = len(layers[j])
+      if j < ln.depth:
+        for u in ln.layers[j]:
+          w = u.weights if j == 0 else {k + prev: v for k, v in u.weights.items()}
+          layers[j].append(Unit(dict(w), u.bias, u.bos))
+        n = len(ln.layers[j])
+      else:
+        n = len(ln.layers[-1])
+        layers[j].extend(Unit({prev + i: 1.0}) for i in range(n))
+      prev = off
+    last.append(prev)
+  return layers, last
+
+
+def fuse_stages(lanes: List[Lane], x_bos: np.ndarray, nonneg: set) -> Lane:
+  """One deeper MLP for lanes in stages: a lane of stage ``k ≥ 1`` reads outputs of lanes of
+  earlier stages of the same MLP (an MLP-only chain in one layer). Block ``k`` holds stage
+  ``k``'s lanes beside identity carries (``relu(h) = h``, ``h ≥ 0``) of what later blocks and
+  the output need: the residual dims later stages read (``relu(x)``, and ``relu(−x)`` unless
+  the dim is never negative) and ``bos``, and the last units of earlier lanes. A stage-``k``
+  lane's first layer reads those carried values exactly where it read the residual and the
+  earlier outputs, and gets a weight on the carried ``bos`` that keeps it off at BOS, from
+  the residual at BOS (``x_bos``; earlier stages write 0 there, and a default's cleanup
+  cancels it: a dim reads as the carried input plus what earlier stages wrote to it)."""
+  K = max(ln.stage for ln in lanes)
+  by = [[ln for ln in lanes if ln.stage == k] for k in range(K + 1)]
+  produced = {dim for ln in lanes if not ln.cleanup for (_, dim) in ln.out}   # new dims, 0 before
+  cleaned = {dim for ln in lanes if ln.cleanup for (_, dim) in ln.out}          # 0 at BOS after
+  later_reads = [set() for _ in range(K + 1)]   # residual dims read by stages > k
+  for k in range(K - 1, -1, -1):
+    later_reads[k] = later_reads[k + 1] | {r for ln in by[k + 1] for u in ln.layers[0] for r in u.weights}
+  comp = Lane("+".join(ln.label for ln in lanes))
+  # block 0: stage-0 lanes and the residual carries
+  carry = Lane("carry")
+  c0 = carry.add_layer()
+  res_units: Dict[int, Functional] = {}
+  for r in sorted((later_reads[0] - produced) | {1}):
+    c0.append(Unit({r: 1.0}, bos=0.0))
+    f = {len(c0) - 1: 1.0}
+    if r not in nonneg:
+      c0.append(Unit({r: -1.0}, bos=0.0))
+      f[len(c0) - 1] = -1.0
+    res_units[r] = f
+  layers, offs = _side_by_side(by[0] + [carry])
+  res_f = {r: {offs[-1] + i: w for i, w in f.items()} for r, f in res_units.items()}
+  outs: Dict[Tuple[int, int], float] = {}   # (unit of the current last layer, dim) -> weight
+  for ln, off in zip(by[0], offs, strict=False):
+    for (u, dim), w in ln.out.items():
+      outs[(off + u, dim)] = outs.get((off + u, dim), 0.0) + w
+  comp.layers.extend(layers)
+  for k in range(1, K + 1):
+    prev_out: Dict[int, Functional] = {}
+    for (u, dim), w in outs.items():
+      prev_out.setdefault(dim, {})[u] = prev_out.get(dim, {}).get(u, 0.0) + w
+    staged = []
+    for ln in by[k]:
+      copy = Lane(ln.label)
+      first = copy.add_layer()
+      for u in ln.layers[0]:
+        w2: Functional = {}
+        at_bos = u.bias
+        for r, w in u.weights.items():
+          # the dim as the next layer would read it: the carried input plus what earlier
+          # stages wrote to it
+          if r not in produced and r not in cleaned:
+            at_bos += w * float(x_bos[r])
+          for src in (res_f.get(r, {}), prev_out.get(r, {})):
+            for i, v in src.items():
+              w2[i] = w2.get(i, 0.0) + w * v
+        gate = u.bos if u.bos is not None else -(max(at_bos, 0.0) + 1.0)
+        for i, v in res_f[1].items():
+          w2[i] = w2.get(i, 0.0) + gate * v
+        first.append(Unit(w2, u.bias))
+      copy.layers.extend(ln.layers[1:])
+      copy.out = dict(ln.out)
+      staged.append(copy)
+    # carried: the units behind the residual functionals still needed, and every output unit
+    keep_res = {r: f for r, f in res_f.items() if r in later_reads[k] or r == 1}
+    carried = sorted({i for f in keep_res.values() for i in f} | {u for (u, _) in outs})
+    carry = Lane("carry")
+    c = carry.add_layer()
+    c.extend(Unit({i: 1.0}) for i in carried)
+    where = {i: j for j, i in enumerate(carried)}
+    layers, offs = _side_by_side(staged + [carry])
+    base = offs[-1]
+    res_f = {r: {base + where[i]: w for i, w in f.items()} for r, f in keep_res.items()}
+    outs = {(base + where[u], dim): w for (u, dim), w in outs.items()}
+    for ln, off in zip(staged, offs, strict=False):
+      for (u, dim), w in ln.out.items():
+        outs[(off + u, dim)] = outs.get((off + u, dim), 0.0) + w
+    comp.layers.extend(layers)
+  comp.out = outs
+  return comp
+
+
+def head_shape(e, res: Residual) -> Tuple[int, int]:
+  """``(dk, dv)`` of :func:`build_head`'s head for ``e``, from the residual layout alone."""
+  dk = 1 + sum(min(len(res.spaces[s.queries.unique_id].dims), len(res.spaces[s.keys.unique_id].dims))
+               for s in selects_of(e.selector))
+  if isinstance(e, rasp.SelectorWidth) or res.spaces[e.unique_id].encoding == "numerical":
+    return dk, 1
+  return dk, len(res.spaces[e.unique_id].dims)
+
+
+def estimate_params(d: int, heads: List[List[Tuple[int, int]]], lanes: List[List[Lane]]) -> int:
+  """The dense parameter count of the head arrays (``(dk, dv)`` per head, padded to the layer's
+  largest) and of :func:`assemble_mlp`'s MLPs over the lanes given so far (a lower bound while
+  lanes are still missing)."""
   total = 0
   for hs, ls in zip(heads, lanes, strict=True):
     if hs:
-      dk = max(h.wq.shape[1] for h in hs)
-      dv = max(h.wv.shape[1] for h in hs)
+      dk = max(h[0] for h in hs)
+      dv = max(h[1] for h in hs)
       total += len(hs) * (2 * d * dk + 2 * d * dv)
-    if ls:
+    if ls and any(ln.stage for ln in ls):   # to be fused (fuse_stages): its first and last layers, at least
+      total += d * (sum(len(ln.layers[0]) for ln in ls if not ln.stage) + sum(len(ln.layers[-1]) for ln in ls))
+    elif ls:
       depth = max(ln.depth for ln in ls)
       widths = [sum(len(ln.layers[j]) if j < ln.depth else len(ln.layers[-1]) for ln in ls)
                 for j in range(depth)]
@@ -643,6 +931,13 @@ def estimate_params(d: int, heads: List[List[Head]], lanes: List[List[Lane]]) ->
         prev = w
       total += prev * d + d
   return total
+
+
+def _check_size(est: int, d: int, max_params: Optional[int], done: bool) -> None:
+  if max_params is not None and est > max_params:
+    what = "" if done else "at least "
+    raise ValueError(f"the compiled model would have {what}{est:,} parameters (residual width {d}; "
+                     f"estimated before building), more than max_params={max_params:,}.")
 
 
 def build(nodes: Sequence[rasp.RASPExpr], output: rasp.SOp, vs: ValueSets, schedule: Schedule,
@@ -657,12 +952,24 @@ def build(nodes: Sequence[rasp.RASPExpr], output: rasp.SOp, vs: ValueSets, sched
     res.add_sop(e, None if rasp.is_numerical(e) else vs[e])
     if isinstance(e, rasp.SelectorWidth):
       scratch[e.unique_id] = res.add(f"{e.label}:1/(w+1)")
-  # per-layer MLP lanes first: a lane may add a raises dim to the residual
+  # the size, before any weight exists: heads from the residual layout, then the MLP lanes
+  # one by one (cheap unit lists; refused as soon as the count passes max_params)
   L = schedule.num_layers
+  shapes: List[List[Tuple[int, int]]] = [[] for _ in range(L)]
+  for e in sops:
+    if kind(e) in ("attn", "width"):
+      slot = schedule.slot[e.unique_id] if kind(e) == "attn" else schedule.attn_slot[e.unique_id]
+      shapes[slot // 2].append(head_shape(e, res))
+  embed_size = (len(vocab) + 1 + max_seq_len + 1) * res.width
+  errors = ModelError(vs)
+  maybe = maybe_none(nodes, vs)
   attn: List[List[Head]] = [[] for _ in range(L)]
   lanes: List[List[Lane]] = [[] for _ in range(L)]
+  _check_size(estimate_params(res.width, shapes, lanes) + embed_size, res.width, max_params, False)
   for e in sops:
     k = kind(e)
+    if k in ("attn", "width", "mlp"):
+      _check_size(estimate_params(res.width, shapes, lanes) + embed_size, res.width, max_params, False)
     if k == "attn":
       layer = schedule.slot[e.unique_id] // 2
       if e.default is not None and _encode(res.spaces[e.unique_id], e.default):
@@ -682,10 +989,34 @@ def build(nodes: Sequence[rasp.RASPExpr], output: rasp.SOp, vs: ValueSets, sched
             err += abs(fac) * (a + r * float(np.max(np.abs(vs.numbers(c)))))
           vs.rounding[e.unique_id] = (1.01 * err, 4 * 2.0 ** -53)
       elif isinstance(e, rasp.SequenceMap):
-        lanes[layer].append(sequence_map_lane(e, vs, res))
+        def budget(n):  # the pair units' first and last weight matrices, at least
+          _check_size(estimate_params(res.width, shapes, lanes) + embed_size + 2 * res.width * n,
+                      res.width, max_params, False)
+        lanes[layer].append(affine_lane(e, vs, res, errors, maybe)
+                            or sequence_map_lane(e, vs, res, errors, budget))
       else:
-        lanes[layer].append(map_lane(e, vs, res))
+        lanes[layer].append(map_lane(e, vs, res, errors))
+      lanes[layer][-1].stage = schedule.stage.get(e.unique_id, 0)
   d = res.width
+  # the residual at BOS as each layer's MLP sees it: one, bos, every scratch dim written so
+  # far (the BOS query of a SelectorWidth head reads its own bos = 1), and the defaults the
+  # layer's Aggregates just wrote (cleaned up by this same MLP)
+  x_bos = np.zeros((L, d))
+  x_bos[:, :2] = 1.0
+  for e in sops:
+    k = kind(e)
+    if k == "width":
+      x_bos[schedule.attn_slot[e.unique_id] // 2:, scratch[e.unique_id]] = 1.0
+    elif k == "attn" and e.default is not None:
+      for dim, val in _encode(res.spaces[e.unique_id], e.default).items():
+        x_bos[schedule.slot[e.unique_id] // 2, dim] = val
+  mlp_ops = [[ln.label for ln in lanes[i]] for i in range(L)]
+  nonneg = {0, 1} | set(scratch.values()) | {sp.raises for sp in res.spaces.values() if sp.raises is not None}
+  nonneg |= {dim for sp in res.spaces.values() if sp.encoding == "categorical" for dim in sp.dims}
+  for i in range(L):
+    if any(ln.stage for ln in lanes[i]):
+      lanes[i] = [fuse_stages(lanes[i], x_bos[i], nonneg)]
+  _check_size(estimate_params(d, shapes, lanes) + (len(vocab) + 1 + max_seq_len + 1) * d, d, max_params, True)
   # embeddings: tokens (vocab order, then BOS) and positions (0 = BOS, p = index p-1)
   tok = np.zeros((len(vocab) + 1, d))
   pos = np.zeros((max_seq_len + 1, d))
@@ -710,25 +1041,8 @@ def build(nodes: Sequence[rasp.RASPExpr], output: rasp.SOp, vs: ValueSets, sched
       attn[schedule.slot[e.unique_id] // 2].append(build_head(e, res, d, None))
     elif k == "width":
       attn[schedule.attn_slot[e.unique_id] // 2].append(build_head(e, res, d, scratch[e.unique_id]))
-  if max_params is not None:
-    est = estimate_params(d, attn, lanes) + tok.size + pos.size
-    if est > max_params:
-      raise ValueError(f"the compiled model would have {est:,} parameters (residual width {d}), "
-                       f"more than max_params={max_params:,}.")
-  # the residual at BOS as each layer's MLP sees it: one, bos, every scratch dim written so
-  # far (the BOS query of a SelectorWidth head reads its own bos = 1), and the defaults the
-  # layer's Aggregates just wrote (cleaned up by this same MLP)
-  x_bos = np.zeros((L, d))
-  x_bos[:, :2] = 1.0
-  for e in sops:
-    k = kind(e)
-    if k == "width":
-      x_bos[schedule.attn_slot[e.unique_id] // 2:, scratch[e.unique_id]] = 1.0
-    elif k == "attn" and e.default is not None:
-      for dim, val in _encode(res.spaces[e.unique_id], e.default).items():
-        x_bos[schedule.slot[e.unique_id] // 2, dim] = val
-  layers = [LayerWeights(attn[i], assemble_mlp(lanes[i], d, x_bos[i]), [h.label for h in attn[i]],
-                         [ln.label for ln in lanes[i]]) for i in range(L)]
+  layers = [LayerWeights(attn[i], assemble_mlp(lanes[i], d, x_bos[i]), [h.label for h in attn[i]], mlp_ops[i])
+            for i in range(L)]
   return res, tok, pos, layers
 
 

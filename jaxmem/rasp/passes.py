@@ -3,12 +3,16 @@
 1. :func:`rewrite` — the program graph in a compilable normal form: ``length`` becomes a
    ``SelectorWidth``; a Map or SequenceMap read by only one Map is fused into it; a
    numerical SOp used as a selector key or query gets a categorical copy (the one-hot
-   shadow hard attention compares); a selector that is not a conjunction of Selects
-   becomes one Select over *product* SOps (the tuples of the SOps it reads).
+   shadow hard attention compares); a SelectorWidth over a lexicographic sort key, or over
+   an Or of conjunctions that never hold together, becomes a sum of exact widths (given
+   value sets); any other selector that is not a conjunction of Selects becomes one Select
+   over *product* SOps (the tuples of the SOps it reads).
 2. :func:`check_types` — encodings: what must be categorical is, numerical values are
    numbers, constants that cannot be compiled are refused.
 3. :class:`ValueSets` — the finite value set of every SOp that needs one (categorical SOps,
-   and numerical SOps an MLP must discretise), from ``vocab`` and ``max_seq_len``.
+   and numerical SOps an MLP must discretise), from ``vocab`` and ``max_seq_len``; a
+   LinearSequenceMap's without calling it on every pair (vectorised, or from the joint sums
+   of two means over one selector).
 4. :func:`allocate` — layer allocation: every attention op (Aggregate, the attention half
    of SelectorWidth) gets the earliest attention sublayer after its inputs exist, every
    MLP op the earliest MLP sublayer; longest-path scheduling as tracr does.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import fractions
+import itertools
 import numbers
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -28,6 +33,7 @@ import numpy as np
 from jaxmem.rasp import rasp
 
 MAX_VALUE_SET = 200_000  # larger numerical value sets are refused, not discretised
+MAX_PAIRS = 2_000_000    # a SequenceMap is called on at most this many pairs of input values
 
 
 def sort_values(values) -> list:
@@ -171,13 +177,124 @@ def _product_select(sel: rasp.Selector, keys: List[rasp.SOp], queries: List[rasp
                      make(sel))
 
 
+def _selector_key(sel: rasp.Selector) -> Optional[tuple]:
+  """What a conjunction of Selects compares (keys, queries, predicate of each); None otherwise."""
+  conj = _flatten_and(sel)
+  if conj is None:
+    return None
+  return tuple((s.keys.unique_id, s.queries.unique_id, s.predicate) for s in conj)
+
+
 def _then(f, y):
   return None if y is None else f(y)
 
 
-def rewrite(program: rasp.SOp) -> rasp.SOp:
+def _lexicographic_width(e: rasp.SelectorWidth, key: rasp.SOp, vs: "ValueSets") -> Optional[rasp.SOp]:
+  """``SelectorWidth(Select(K, K, <))`` where ``K = f(X, indices)`` orders positions as the
+  pairs ``(X, index)`` do (tracr's sort key ``x + i/N``: every ``f(x, ·)`` strictly
+  increasing, and below every ``f(x', ·)`` for ``x < x'``; or every ``f(x, ·)`` strictly
+  decreasing, ordering ``(X, −index)``), as the sum of two exact widths:
+  ``#{X_k < X_q} + #{X_k = X_q ∧ i_k < i_q}`` (``<`` stands for any of LT, LEQ, GT, GEQ; the
+  two selections are disjoint, causal masking included). The one-hot of ``K`` (``|X|·N``
+  values) is never built: the heads compare ``X`` and the indices apart. None if ``e`` is not
+  of that form (``X`` categorical, never None, numbers)."""
+  sel = e.selector
+  C = rasp.Comparison
+  if not isinstance(sel, rasp.Select) or sel.keys is not sel.queries or \
+      sel.predicate not in (C.LT, C.LEQ, C.GT, C.GEQ) or not isinstance(key, rasp.SequenceMap):
+    return None
+  if isinstance(key.snd, rasp.IndicesType):
+    x, f = key.fst, key.f
+  elif isinstance(key.fst, rasp.IndicesType):
+    x, f = key.snd, (lambda a, i, g=key.f: g(i, a))
+  else:
+    return None
+  if not rasp.is_categorical(x) or any(isinstance(n, rasp.Aggregate) for n in walk(x)):
+    return None
+  try:
+    xs = vs[x]
+  except ValueError:
+    return None
+  if not xs or not all(is_number(v) and v is not None for v in xs):
+    return None
+  xs = sorted(xs, key=float)
+  table = [[call_or_raises(f, v, i) for i in range(vs.N)] for v in xs]
+  if any(not is_number(t) for row in table for t in row):
+    return None
+  F = np.asarray(table, np.float64)
+  flip = {C.LT: C.GT, C.LEQ: C.GEQ, C.GT: C.LT, C.GEQ: C.LEQ}
+  if np.all(np.diff(F, axis=1) > 0) and np.all(F[:-1, -1] < F[1:, 0]):
+    by_index = sel.predicate
+  elif np.all(np.diff(F, axis=1) < 0) and np.all(F[:-1, 0] < F[1:, -1]):
+    by_index = flip[sel.predicate]   # f(x, ·) decreasing: later positions order first
+  else:
+    return None
+  strict = C.LT if sel.predicate in (C.LT, C.LEQ) else C.GT
+  # numerical (one dimension each): their sum is read once, by an exact affine lane
+  major = rasp.numerical(rasp.SelectorWidth(rasp.Select(x, x, strict))).named(f"{e.label}:major")
+  minor = rasp.numerical(rasp.SelectorWidth(rasp.SelectorAnd(
+      rasp.Select(x, x, C.EQ), rasp.Select(rasp.indices, rasp.indices, by_index))))
+  return rasp.LinearSequenceMap(major, minor.named(f"{e.label}:minor"), 1, 1)
+
+
+def _or_terms(sel: rasp.Selector) -> Optional[List[List[rasp.Select]]]:
+  """The conjunctions of a disjunction of conjunctions of Selects, or None."""
+  if isinstance(sel, rasp.SelectorOr):
+    a, b = _or_terms(sel.fst), _or_terms(sel.snd)
+    return None if a is None or b is None else a + b
+  conj = _flatten_and(sel)
+  return None if conj is None else [conj]
+
+
+def _disjoint(t1: List[rasp.Select], t2: List[rasp.Select], go, vs: "ValueSets") -> bool:
+  """Whether two conjunctions never both hold: some Select of each compares the same key and
+  query SOps with predicates that hold together on no pair of their values."""
+  for s1 in t1:
+    for s2 in t2:
+      if s1.keys is not s2.keys or s1.queries is not s2.queries:
+        continue
+      try:
+        ks, qs = vs[go(s1.keys)], vs[go(s1.queries)]
+      except ValueError:
+        continue
+      if len(ks) * len(qs) > MAX_VALUE_SET:
+        continue
+      try:
+        if not any(s1.predicate(k, q) and s2.predicate(k, q) for k in ks for q in qs
+                   if k is not None and q is not None):
+          return True
+      except Exception:  # noqa: BLE001 - a predicate that raises on some pair proves nothing
+        continue
+  return False
+
+
+def _disjoint_or_width(e: rasp.SelectorWidth, go, vs: "ValueSets") -> Optional[rasp.SOp]:
+  """``SelectorWidth(T_1 ∨ … ∨ T_m)`` of conjunctions that pairwise never hold together
+  (checked on the value sets, see :func:`_disjoint`) as ``Σ SelectorWidth(T_i)``: exact
+  widths summed by exact integer lanes, instead of one Select over the product of every SOp
+  the terms read (tracr's tie-break ``hist_k > hist_q ∨ (hist_k = hist_q ∧ i_k < i_q)``).
+  None otherwise (at most 4 terms)."""
+  terms = _or_terms(e.selector)
+  if terms is None or not 2 <= len(terms) <= 4:
+    return None
+  if not all(_disjoint(a, b, go, vs) for a, b in itertools.combinations(terms, 2)):
+    return None
+  parts = []
+  for j, term in enumerate(terms):
+    sel = term[0]
+    for s in term[1:]:
+      sel = rasp.SelectorAnd(sel, s)
+    parts.append(go(rasp.numerical(rasp.SelectorWidth(sel)).named(f"{e.label}:or[{j}]")))
+  out = parts[0]
+  for p in parts[1:-1]:
+    out = rasp.numerical(rasp.LinearSequenceMap(out, p, 1, 1)).named(f"{out.label}+")
+  return rasp.LinearSequenceMap(out, parts[-1], 1, 1)
+
+
+def rewrite(program: rasp.SOp, vs: Optional["ValueSets"] = None) -> rasp.SOp:
   """The program in the compiler's normal form (see the module docstring). The output node
-  keeps its label."""
+  keeps its label. With value sets ``vs``, a width over a lexicographic sort key is split
+  (:func:`_lexicographic_width`)."""
   if not isinstance(program, rasp.SOp):
     raise ValueError(f"`program` must be a SOp (a sequence operation), got "
                      f"{type(program).__name__}.")
@@ -263,7 +380,14 @@ def rewrite(program: rasp.SOp) -> rasp.SOp:
       out = e if (a is e.fst and b is e.snd) else keep_annotations(
           rasp.SequenceMap(e.f, a, b), e)
     elif isinstance(e, rasp.SelectorWidth):
-      out = keep_annotations(rasp.SelectorWidth(go_selector(e.selector)), e)
+      split = None   # (a declared value_set stays on the width itself, as declared)
+      if "value_set" in e._annotations:
+        pass
+      elif vs is not None and isinstance(e.selector, rasp.Select) and e.selector.keys is e.selector.queries:
+        split = _lexicographic_width(e, go(e.selector.keys), vs)
+      elif vs is not None and isinstance(e.selector, rasp.SelectorOr):
+        split = _disjoint_or_width(e, go, vs)
+      out = keep_annotations(split or rasp.SelectorWidth(go_selector(e.selector)), e)
     elif isinstance(e, rasp.Aggregate):
       out = keep_annotations(rasp.Aggregate(go_selector(e.selector), go(e.sop), e.default), e)
     else:
@@ -399,11 +523,15 @@ class ValueSets:
       return [e.fill]
     if isinstance(e, rasp.Map):
       return self._image(e, [(x,) for x in self[e.inner] if x is not None])
+    if isinstance(e, rasp.LinearSequenceMap):
+      out = self._linear(e)
+      if out is not None:
+        return out
     if isinstance(e, rasp.SequenceMap):
       a, b = self[e.fst], self[e.snd]
-      if len(a) * len(b) > MAX_VALUE_SET:
+      if len(a) * len(b) > MAX_PAIRS:
         raise ValueError(f"SequenceMap '{e.label}' has {len(a)}×{len(b)} input pairs, more "
-                         f"than {MAX_VALUE_SET}; declare smaller value sets.")
+                         f"than {MAX_PAIRS:,}; declare smaller value sets.")
       return self._image(e, [(x, y) for x in a for y in b if x is not None and y is not None])
     if isinstance(e, rasp.SelectorWidth):
       return list(range(self.N + 1))
@@ -412,6 +540,85 @@ class ValueSets:
         return unique_values(list(self[e.sop]) + ([] if e.default is None else [e.default]), e.label)
       return [float(v) for v in self._means(e)]
     raise ValueError(f"no value set for {type(e).__name__} '{e.label}'.")
+
+  def _linear(self, e: rasp.LinearSequenceMap) -> Optional[list]:
+    """The values of ``c_a·a + c_b·b`` without calling it on every pair of value sets: for two
+    numerical means over the same selector (tracr's ``opens − closes``) from the sums both
+    means can have together; for other numbers, one vectorised outer sum. None: not numbers."""
+    a, b, ca, cb = e.fst, e.snd, e.fst_fac, e.snd_fac
+    if all(isinstance(x, rasp.Aggregate) and rasp.is_numerical(x) and is_number(x.default)
+           for x in (a, b)) and _selector_key(a.selector) == _selector_key(b.selector):
+      out = self._joint_means(e)
+      if out is not None:
+        return out
+    va, vb = self[a], self[b]
+    if not all(is_number(v) for v in va + vb) or len(va) * len(vb) > 20 * MAX_VALUE_SET:
+      return None
+    xa = np.asarray([float(v) for v in va])[:, None]
+    xb = np.asarray([float(v) for v in vb])[None, :]
+    out = np.unique((ca * xa + cb * xb).ravel())
+    if out.size > MAX_VALUE_SET:
+      raise ValueError(f"LinearSequenceMap '{e.label}' takes {out.size} values, more than "
+                       f"{MAX_VALUE_SET}; declare smaller value sets.")
+    ints = all(isinstance(v, (int, np.integer)) for v in va + vb + [ca, cb])
+    return [int(v) for v in out] if ints else [float(v) for v in out]
+
+  def _joint_means(self, e: rasp.LinearSequenceMap) -> Optional[list]:
+    """``c_a·mean(A) + c_b·mean(B)`` where both means select the same positions: over every
+    count ``w``, the pairs of integer sums ``(Σa, Σb)`` that ``w`` positions can have
+    (a 2-D sum-set of the per-position pairs), each mean rounded as the interpreter's
+    ``sum / len``. None when the values are not integers."""
+    a, b, ca, cb = e.fst, e.snd, e.fst_fac, e.snd_fac
+    pairs = self._pointwise_pairs(a.sop, b.sop)
+    if pairs is None or not pairs:
+      return None
+    P = np.asarray(pairs, np.float64)
+    if not np.all(P == np.round(P)) or np.max(np.abs(P)) * self.N >= 2 ** 52:
+      return None
+    P = P.astype(np.int64)
+    out = [np.asarray([ca * float(a.default) + cb * float(b.default)])]
+    sums = np.zeros((1, 2), np.int64)
+    for w in range(1, self.N + 1):
+      sums = np.unique((sums[:, None, :] + P[None, :, :]).reshape(-1, 2), axis=0)
+      self._cap(e, sums.shape[0] * (self.N - w + 1))
+      out.append(ca * (sums[:, 0] / w) + cb * (sums[:, 1] / w))
+    return [float(v) for v in np.unique(np.concatenate(out))]
+
+  def _pointwise_pairs(self, a: rasp.SOp, b: rasp.SOp) -> Optional[list]:
+    """The pairs ``(a[i], b[i])`` one position can hold: through the Maps and SequenceMaps
+    ``a`` and ``b`` are computed by from the same sources (tokens, indices, …), evaluated on
+    every joint value of those sources; the product of the value sets when they share none
+    or there are too many."""
+    sources: Dict[int, rasp.SOp] = {}
+
+    def collect(x):
+      if isinstance(x, (rasp.Map, rasp.SequenceMap)):
+        for c in x.children:
+          collect(c)
+      else:
+        sources[x.unique_id] = x
+    collect(a)
+    collect(b)
+    domains = [[v for v in self[s] if v is not None] for s in sources.values()]
+    if np.prod([float(len(d)) for d in domains]) > 10_000:
+      return [(x, y) for x in self[a] for y in self[b] if x is not None and y is not None]
+    out = set()
+    for assignment in itertools.product(*domains):
+      env = dict(zip(sources, assignment, strict=True))
+
+      def ev(x):
+        if x.unique_id not in env:
+          args = [ev(c) for c in x.children]
+          env[x.unique_id] = RAISES if any(v is RAISES or v is None for v in args) else \
+              call_or_raises(x.f, *args)
+        return env[x.unique_id]
+      pa, pb = ev(a), ev(b)
+      if RAISES in (pa, pb) or pa is None or pb is None:
+        continue
+      if not (is_number(pa) and is_number(pb)):
+        return None
+      out.add((pa, pb))
+    return sorted(out)
 
   def _means(self, e: rasp.Aggregate) -> np.ndarray:
     """Every mean of 1..N values of the input's set, plus the default. Integer inputs: exact
@@ -457,7 +664,7 @@ class ValueSets:
 
   def _cap(self, e, size):
     if size > MAX_VALUE_SET:
-      raise ValueError(f"numerical Aggregate '{e.label}' can take more than {MAX_VALUE_SET} "
+      raise ValueError(f"'{e.label}' (a mean, or a sum of means) can take more than {MAX_VALUE_SET} "
                        "values, too many to discretise downstream; use fewer input values "
                        "or a smaller max_seq_len.")
 
@@ -528,13 +735,17 @@ class Schedule:
   slot: Dict[int, int]          # unique_id -> sublayer where the op's output appears
   attn_slot: Dict[int, int]     # for 'width' ops, the attention half's sublayer
   num_layers: int
+  stage: Dict[int, int] = dataclasses.field(default_factory=dict)   # MLP ops chained in one MLP: 1, 2, …
 
 
-def allocate(nodes: Sequence[rasp.RASPExpr]) -> Schedule:
+def allocate(nodes: Sequence[rasp.RASPExpr], fuse: bool = False) -> Schedule:
   """Longest-path layer allocation: each op in the first sublayer of its kind after all
-  of its inputs exist."""
+  of its inputs exist. ``fuse``: an MLP op whose latest inputs come out of an MLP sublayer
+  joins that sublayer, one stage after them (a deeper MLP, :func:`jaxmem.rasp.craft.fuse_stages`),
+  instead of taking the next layer's."""
   slot: Dict[int, int] = {}
   attn_slot: Dict[int, int] = {}
+  stage: Dict[int, int] = {}
   for e in nodes:
     k = kind(e)
     if k == "selector":
@@ -543,7 +754,11 @@ def allocate(nodes: Sequence[rasp.RASPExpr]) -> Schedule:
       slot[e.unique_id] = -1
       continue
     ready = max((slot[s.unique_id] for s in sop_inputs(e)), default=-1)
-    if k == "mlp":
+    if k == "mlp" and fuse and ready >= 0 and ready % 2 == 1:
+      slot[e.unique_id] = ready
+      stage[e.unique_id] = 1 + max(stage.get(s.unique_id, 0) for s in sop_inputs(e)
+                                   if slot[s.unique_id] == ready)
+    elif k == "mlp":
       s = ready + 1
       slot[e.unique_id] = s if s % 2 == 1 else s + 1
     else:
@@ -555,9 +770,9 @@ def allocate(nodes: Sequence[rasp.RASPExpr]) -> Schedule:
         attn_slot[e.unique_id] = s
         slot[e.unique_id] = s + 1
   top = max(slot.values(), default=-1)
-  return Schedule(slot, attn_slot, num_layers=(top + 2) // 2 if top >= 0 else 0)
+  return Schedule(slot, attn_slot, num_layers=(top + 2) // 2 if top >= 0 else 0, stage=stage)
 
 
-__all__ = ["MAX_VALUE_SET", "RAISES", "Schedule", "ValueSets", "allocate", "call_or_raises", "check_none",
-           "check_types", "consumers", "is_number", "kind", "maybe_none", "rewrite", "selects_of", "sop_inputs",
-           "sort_values", "unique_values", "value_key", "walk"]
+__all__ = ["MAX_PAIRS", "MAX_VALUE_SET", "RAISES", "Schedule", "ValueSets", "allocate", "call_or_raises",
+           "check_none", "check_types", "consumers", "is_number", "kind", "maybe_none", "rewrite", "selects_of",
+           "sop_inputs", "sort_values", "unique_values", "value_key", "walk"]

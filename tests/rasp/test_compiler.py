@@ -399,10 +399,11 @@ def test_categorical_mean_of_different_values_is_refused_not_decoded():
 
 
 def test_values_too_close_for_float32_are_refused():
-  tiny = rasp.numerical(rasp.Map(lambda t: {"a": 0.0, "b": 1e-9}[t], rasp.tokens))
-  mean = rasp.numerical(rasp.Aggregate(rasp.Select(rasp.indices, rasp.indices, C.EQ), tiny, default=0))
+  # 1 and 1 + 1e-9 are one float32: refused (the gap guard is relative to the values)
+  close = rasp.numerical(rasp.Map(lambda t: {"a": 1.0, "b": 1.0 + 1e-9}[t], rasp.tokens))
+  mean = rasp.numerical(rasp.Aggregate(rasp.Select(rasp.indices, rasp.indices, C.EQ), close, default=0))
   with pytest.raises(ValueError, match="float32"):
-    rasp.compile(rasp.Map(lambda x: x > 0, mean), list("ab"), 3)
+    rasp.compile(rasp.Map(lambda x: x > 1 + 1e-10, mean), list("ab"), 3)
 
 
 # ----------------------------------------------------------------------------- review findings

@@ -5,9 +5,8 @@ program's plain-Python reference on
 * every accepted input of length <= 4 (every token of the vocabulary at every position of the
   short inputs, every length-1 input); kparity and kparity_count on every bit string of
   length <= 10, match2 on every input of length <= 5, transpose on every input of its one
-  length 6, sort_freq (the largest model: 12.9M parameters at N = 40) on every input of
-  length <= 3;
-* random accepted inputs of *every* length 1..N (three per length; two for sort_freq), drawn
+  length 6;
+* random accepted inputs of *every* length 1..N (three per length), drawn
   with the program's own sampler (balanced and corrupted bracket words for the Dyck programs);
 * the constant inputs ``[t] * n`` of every token ``t`` at the shortest and the longest length
   (the extremes of counts, fractions and sums, so the ends of every inferred value set).
@@ -36,8 +35,8 @@ from jaxmem.rasp import conformance, lib
 
 NAMES = sorted(lib.PROGRAMS)
 N = 40
-EXHAUSTIVE_LEN = {"kparity": 10, "kparity_count": 10, "match2": 5, "transpose": 6, "sort_freq": 3}
-RANDOM_PER_LENGTH = {"sort_freq": 2}
+EXHAUSTIVE_LEN = {"kparity": 10, "kparity_count": 10, "match2": 5, "transpose": 6}
+RANDOM_PER_LENGTH = {}
 MAX_CHUNK = 512
 
 
