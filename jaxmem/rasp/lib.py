@@ -1,4 +1,5 @@
-"""A library of RASP programs, and the compiler's conformance table :data:`PROGRAMS`.
+"""A library of RASP programs; the compiler's conformance table is :data:`jaxmem.rasp.programs.PROGRAMS`
+(its references in :mod:`jaxmem.rasp.references`, its samplers in :mod:`jaxmem.rasp.samplers`).
 
 The factories carry tracr's names and signatures (``tracr.compiler.lib``) so tracr code
 ports by changing the import; the programs themselves are written for this package's
@@ -65,17 +66,14 @@ from ``length``), so it is exact on inputs shorter than ``max(positions) + 1`` t
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import numbers
-import random
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from jaxmem.checks import check_positive_int
 from jaxmem.rasp import rasp
 
 __all__ = [
-    "PROGRAMS", "ProgramSpec", "detect_pattern", "make_count", "make_count_less_freq",
+    "detect_pattern", "make_count", "make_count_less_freq",
     "make_frac_prevs", "make_hist", "make_kparity", "make_kparity_count", "make_length",
     "make_match2", "make_nary_sequencemap", "make_pair_balance", "make_reverse",
     "make_running_sum", "make_shuffle_dyck", "make_shuffle_dyck2", "make_sort",
@@ -404,267 +402,14 @@ def make_transpose(rows: int, cols: int) -> rasp.SOp:
   return rasp.Aggregate(gather, rasp.tokens).named("transpose")
 
 
-# ----------------------------------------------------------------------------- conformance table
-
-
-def _any_input(xs: Sequence[Any]) -> bool:
-  return True
-
-
-@dataclasses.dataclass(frozen=True)
-class ProgramSpec:
-  """One program of the conformance suite.
-
-  ``build(max_seq_len)`` makes the program; it is defined on every input ``xs`` that
-  :meth:`accepts` (tokens from ``vocab``, ``min_len <= len(xs) <= min(max_len,
-  max_seq_len)``, ``valid(xs)``), where it equals ``reference(xs)``, a plain-Python
-  implementation. ``encoding`` is the output's ("categorical" or "numerical"); ``tracr``
-  is tracr's published compiled size at ``max_seq_len=5`` as ``(layers, heads per layer,
-  residual width, parameters)``, or None; ``sample(rng, n)`` draws an accepted input of
-  length ``n``."""
-
-  name: str
-  build: Callable[[int], rasp.SOp]
-  vocab: frozenset
-  reference: Callable[[list], list]
-  encoding: str
-  tracr: Optional[tuple]
-  sample: Callable[[random.Random, int], list]
-  min_len: int = 1
-  max_len: Optional[int] = None  # longest input the program is defined on (None: any)
-  valid: Callable[[Sequence[Any]], bool] = _any_input  # e.g. distinct keys for sort_unique
-  description: str = ""
-
-  def __post_init__(self):
-    if self.encoding not in ("categorical", "numerical"):
-      raise ValueError(f"`encoding` must be 'categorical' or 'numerical', got {self.encoding!r}.")
-
-  def accepts(self, xs: Sequence[Any], max_seq_len: Optional[int] = None) -> bool:
-    """Whether ``xs`` is in the program's domain (and, given ``max_seq_len``, fits it)."""
-    n = len(xs)
-    if n < self.min_len or (self.max_len is not None and n > self.max_len):
-      return False
-    if max_seq_len is not None and n > max_seq_len:
-      return False
-    return all(x in self.vocab for x in xs) and bool(self.valid(xs))
-
-  def lengths(self, max_seq_len: int) -> range:
-    """The input lengths the program is defined on, up to ``max_seq_len``."""
-    top = max_seq_len if self.max_len is None else min(max_seq_len, self.max_len)
-    return range(self.min_len, top + 1)
-
-
-def _ordered(vocab) -> list:
-  return sorted(vocab, key=lambda v: (type(v).__name__, v))
-
-
-def _uniform(vocab) -> Callable[[random.Random, int], list]:
-  values = _ordered(vocab)
-  return lambda rng, n: [rng.choice(values) for _ in range(n)]
-
-
-def _distinct(vocab) -> Callable[[random.Random, int], list]:
-  values = _ordered(vocab)
-
-  def sample(rng: random.Random, n: int) -> list:
-    if n > len(values):
-      raise ValueError(f"no {n} distinct tokens in a vocabulary of {len(values)}.")
-    return rng.sample(values, n)
-
-  return sample
-
-
-def _balanced_word(rng: random.Random, n: int, pairs: Sequence[str]) -> list:
-  """A uniformly-interleaved word of ``n // 2`` bracket pairs, each type balanced."""
-  todo = {p: 0 for p in pairs}
-  for _ in range(n // 2):
-    todo[rng.choice(list(pairs))] += 1
-  depth = {p: 0 for p in pairs}
-  out = []
-  for _ in range(2 * (n // 2)):
-    moves = [(p, 0) for p in pairs if todo[p]] + [(p, 1) for p in pairs if depth[p]]
-    p, close = rng.choice(moves)
-    if close:
-      depth[p] -= 1
-    else:
-      todo[p] -= 1
-      depth[p] += 1
-    out.append(p[close])
-  return out
-
-
-def _dyck_sampler(pairs: Sequence[str]) -> Callable[[random.Random, int], list]:
-  """Half balanced words (for even n), a quarter one-token corruptions, a quarter uniform."""
-  brackets = [c for p in pairs for c in p]
-
-  def sample(rng: random.Random, n: int) -> list:
-    u = rng.random()
-    if u < 0.75 and n % 2 == 0:
-      word = _balanced_word(rng, n, pairs)
-      if u >= 0.5 and word:
-        word[rng.randrange(n)] = rng.choice(brackets)
-      return word
-    return [rng.choice(brackets) for _ in range(n)]
-
-  return sample
-
-
-def _transpose_sampler(rows: int, cols: int, vocab) -> Callable[[random.Random, int], list]:
-  uniform = _uniform(vocab)
-
-  def sample(rng: random.Random, n: int) -> list:
-    if n != rows * cols:
-      raise ValueError(f"a {rows}×{cols} transpose takes inputs of length {rows * cols}, not {n}.")
-    return uniform(rng, n)
-
-  return sample
-
-
-# --- the independent plain-Python references
-
-
-def ref_length(xs):
-  return [len(xs)] * len(xs)
-
-
-def ref_reverse(xs):
-  return list(xs)[::-1]
-
-
-def ref_hist(xs):
-  return [list(xs).count(x) for x in xs]
-
-
-def ref_sort(xs):
-  return sorted(xs)
-
-
-def ref_sort_freq(xs):
-  counts: Dict[Any, int] = {}
-  for x in xs:
-    counts[x] = counts.get(x, 0) + 1
-  order = sorted(range(len(xs)), key=lambda i: (-counts[xs[i]], i))
-  return [xs[i] for i in order]
-
-
-def ref_frac_prevs(xs, target="x"):
-  out, hits = [], 0
-  for i, x in enumerate(xs):
-    hits += x == target
-    out.append(hits / (i + 1))
-  return out
-
-
-def ref_pair_balance(xs, open_token="(", close_token=")"):
-  out, depth = [], 0
-  for i, x in enumerate(xs):
-    depth += (x == open_token) - (x == close_token)
-    out.append(depth / (i + 1))
-  return out
-
-
-def ref_shuffle_dyck(xs, pairs=("()",)):
-  for o, c in pairs:
-    depth = 0
-    for x in xs:
-      depth += (x == o) - (x == c)
-      if depth < 0:
-        return [0] * len(xs)
-    if depth != 0:
-      return [0] * len(xs)
-  return [1] * len(xs)
-
-
-def ref_kparity(xs, positions=(0, 2, 3)):
-  bit = 0
-  for p in positions:
-    if p < len(xs):
-      bit ^= int(xs[p])
-  return [bit] * len(xs)
-
-
-def ref_match2(xs, M=5):
-  return [1 if any((x + y) % M == 0 for y in xs) else 0 for x in xs]
-
-
-def ref_running_sum(xs):
-  return list(itertools.accumulate(xs))
-
-
-def ref_transpose(xs, rows=2, cols=3):
-  n, out = len(xs), []
-  for i in range(n):
-    if i >= rows * cols:
-      out.append(None)
-      continue
-    src = (i % rows) * cols + i // rows
-    out.append(xs[src] if src < n else None)
-  return out
-
-
-_ABC = frozenset("abc")
-_123 = frozenset({1, 2, 3})
-_KPARITY_POSITIONS = (0, 2, 3)
-_SORT_UNIQUE_VOCAB = frozenset(range(1, 6))  # tracr-sized: every length up to N = 5
-
-
-def _spec(**kw) -> ProgramSpec:
-  kw.setdefault("sample", _uniform(kw["vocab"]))
-  return ProgramSpec(**kw)
-
-
-PROGRAMS: Dict[str, ProgramSpec] = {s.name: s for s in [
-    _spec(name="length", build=lambda N: make_length(), vocab=_ABC, reference=ref_length,
-          encoding="categorical", tracr=(1, 1, 19, 912),
-          description="n at every position"),
-    _spec(name="reverse", build=lambda N: make_reverse(rasp.tokens), vocab=_ABC,
-          reference=ref_reverse, encoding="categorical", tracr=(4, 1, 43, 18600),
-          description="the tokens in reverse order"),
-    _spec(name="hist", build=lambda N: make_hist(), vocab=_ABC, reference=ref_hist,
-          encoding="categorical", tracr=(1, 1, 19, 912),
-          description="how many positions hold this position's token"),
-    _spec(name="sort_unique", build=lambda N: make_sort_unique(rasp.tokens, rasp.tokens),
-          vocab=_SORT_UNIQUE_VOCAB, reference=ref_sort, encoding="categorical",
-          tracr=(2, 1, 25, 2600), sample=_distinct(_SORT_UNIQUE_VOCAB),
-          max_len=len(_SORT_UNIQUE_VOCAB), valid=lambda xs: len(set(xs)) == len(xs),
-          description="distinct tokens sorted ascending"),
-    _spec(name="sort",
-          build=lambda N: make_sort(rasp.tokens, rasp.tokens, max_seq_len=N, min_key=1),
-          vocab=_123, reference=ref_sort, encoding="categorical", tracr=(3, 1, 50, 23700),
-          description="tokens sorted ascending, duplicates allowed"),
-    _spec(name="sort_freq", build=lambda N: make_sort_freq(N), vocab=_ABC,
-          reference=ref_sort_freq, encoding="categorical", tracr=(5, 1, 66, 62000),
-          description="tokens by descending frequency, ties in input order"),
-    _spec(name="frac_prevs", build=lambda N: make_frac_prevs((rasp.tokens == "x").named("is_x")),
-          vocab=frozenset("xy"), reference=ref_frac_prevs, encoding="numerical",
-          tracr=(2, 1, 14, 840), description='running fraction of "x" tokens'),
-    _spec(name="pair_balance", build=lambda N: make_pair_balance(rasp.tokens, "(", ")"),
-          vocab=frozenset("()x"), reference=ref_pair_balance, encoding="numerical",
-          tracr=(2, 2, 15, 1920), sample=_uniform(frozenset("()x")),
-          description='(#"(" - #")") in the prefix, over the prefix length'),
-    _spec(name="shuffle_dyck1", build=lambda N: make_shuffle_dyck(["()"]),
-          vocab=frozenset("()"), reference=ref_shuffle_dyck, encoding="categorical",
-          tracr=None, sample=_dyck_sampler(["()"]),
-          description="1 everywhere iff the parentheses are balanced, else 0"),
-    _spec(name="shuffle_dyck2", build=lambda N: make_shuffle_dyck2(),
-          vocab=frozenset("(){}"),
-          reference=lambda xs: ref_shuffle_dyck(xs, pairs=("()", "{}")),
-          encoding="categorical", tracr=(8, 4, 55, 243000), sample=_dyck_sampler(["()", "{}"]),
-          description="1 everywhere iff () and {} are each balanced, else 0"),
-    _spec(name="kparity", build=lambda N: make_kparity(_KPARITY_POSITIONS),
-          vocab=frozenset({0, 1}), reference=ref_kparity, encoding="categorical", tracr=None,
-          description="XOR of the bits at positions 0, 2, 3 (0 past the end), one select each"),
-    _spec(name="kparity_count", build=lambda N: make_kparity_count(_KPARITY_POSITIONS),
-          vocab=frozenset({0, 1}), reference=ref_kparity, encoding="categorical", tracr=None,
-          description="the same XOR via a numerical mean of the bits"),
-    _spec(name="match2", build=lambda N: make_match2(5), vocab=frozenset(range(5)),
-          reference=ref_match2, encoding="categorical", tracr=None,
-          description="1 at i iff some j has (x_i + x_j) % 5 == 0"),
-    _spec(name="running_sum", build=lambda N: make_running_sum(rasp.tokens),
-          vocab=frozenset(range(4)), reference=ref_running_sum, encoding="numerical",
-          tracr=None, description="prefix sums of the tokens 0..3"),
-    _spec(name="transpose", build=lambda N: make_transpose(2, 3), vocab=_ABC,
-          reference=ref_transpose, encoding="categorical", tracr=None,
-          sample=_transpose_sampler(2, 3, _ABC), min_len=6, max_len=6,
-          description="a row-major 2x3 matrix to its 3x2 transpose (inputs of length 6)"),
-]}
+def __getattr__(name: str):
+  """``lib.PROGRAMS``, ``lib.ProgramSpec`` and ``lib.ref_*``, where they were before the table moved to
+  :mod:`jaxmem.rasp.programs` (imported on first use: that module imports this one)."""
+  if name in ("PROGRAMS", "ProgramSpec"):
+    from jaxmem.rasp import programs
+    return getattr(programs, name)
+  if name.startswith("ref_"):
+    from jaxmem.rasp import references
+    if hasattr(references, name):
+      return getattr(references, name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
