@@ -13,7 +13,7 @@ import ml_collections
 
 def get_config(arg=None):
   c = ml_collections.ConfigDict(dict(
-      programs=(),                        # empty: every program in jaxmem.rasp.lib.PROGRAMS
+      programs=(),                        # empty: every program in jaxmem.rasp.programs.PROGRAMS
       max_seq_lens=(5, 10, 20, 40, 80),
       exhaustive_len=4,                   # every input of length <= 4 is checked
       n_random=2000,                      # plus random inputs of lengths up to N

@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
   b.add_argument("--repeats", type=int, default=5)
 
   c = sub.add_parser("compile", help="compile a RASP program to an exact hard-attention transformer",
-                     epilog="PROGRAM is lib:<name> (jaxmem.rasp.lib.PROGRAMS) or module:attr "
+                     epilog="PROGRAM is lib:<name> (jaxmem.rasp.programs.PROGRAMS) or module:attr "
                             "(an SOp, or a function of max_seq_len returning one).")
   c.add_argument("program", help="lib:reverse, or my_module:my_program")
   c.add_argument("--max-seq-len", "--max_seq_len", dest="max_seq_len", type=int, required=True)
@@ -202,13 +202,13 @@ def _compile(args) -> int:
   import importlib
 
   from jaxmem import rasp
-  from jaxmem.rasp import conformance, lib
+  from jaxmem.rasp import conformance, programs
   spec = None
   if args.program.startswith("lib:"):
     name = args.program[4:]
-    if name not in lib.PROGRAMS:
-      raise ValueError(f"unknown library program {name!r}; one of {sorted(lib.PROGRAMS)}.")
-    spec = lib.PROGRAMS[name]
+    if name not in programs.PROGRAMS:
+      raise ValueError(f"unknown library program {name!r}; one of {sorted(programs.PROGRAMS)}.")
+    spec = programs.PROGRAMS[name]
     program = spec.build(args.max_seq_len)
   elif ":" in args.program:
     mod, attr = args.program.split(":", 1)

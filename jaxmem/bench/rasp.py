@@ -25,7 +25,7 @@ from jaxmem.bench.timing import time_host
 from jaxmem.results import markdown_table
 
 TRACR_REVERSE_N80_S = 372.0
-PROGRAMS = ("reverse", "sort", "frac_prevs", "shuffle_dyck2")   # names in jaxmem.rasp.lib.PROGRAMS
+PROGRAMS = ("reverse", "sort", "frac_prevs", "shuffle_dyck2")   # names in jaxmem.rasp.programs.PROGRAMS
 QUICK_NS, QUICK_BATCH = (20, 40), 64                            # the quick run's lengths and batch
 SCALE_PROGRAMS = ("length", "hist", "reverse", "sort", "sort_freq", "frac_prevs", "tracr:shuffle_dyck2")
 SCALE_NS = (5, 10, 20, 40, 80, 256, 1024)
@@ -39,13 +39,13 @@ TRACR_PUBLISHED = {("reverse", 80): (26_700_000, 372.0)}
 
 def _scale_program(name: str, N: int):
   """(program, vocab, sampler) of a library program, or of tracr's own (``tracr:NAME``)."""
-  from jaxmem.rasp import conformance, lib
+  from jaxmem.rasp import conformance, programs
   if name.startswith("tracr:"):
     build, vocab = conformance.tracr_programs(conformance.tracr_lib(), N)[name[len("tracr:"):]]
-    own = lib.PROGRAMS.get(name[len("tracr:"):])
+    own = programs.PROGRAMS.get(name[len("tracr:"):])
     sample = own.sample if own is not None else (lambda rng, n: [rng.choice(vocab) for _ in range(n)])
     return build(), list(vocab), sample
-  spec = lib.PROGRAMS[name]
+  spec = programs.PROGRAMS[name]
   return spec.build(N), sorted(spec.vocab, key=repr), spec.sample
 
 
@@ -99,13 +99,13 @@ def scale_table(rows: List[list]) -> str:
 
 def bench_rasp(quick: bool = False, repeats: int = 5) -> str:
   from jaxmem import rasp
-  from jaxmem.rasp import lib
+  from jaxmem.rasp import programs
   Ns = QUICK_NS if quick else (20, 40, 80)
   names = PROGRAMS
   batch = QUICK_BATCH if quick else 256
   rows = []
   for name in names:
-    spec = lib.PROGRAMS[name]
+    spec = programs.PROGRAMS[name]
     vocab = sorted(spec.vocab, key=repr)
     for N in Ns:
       program = spec.build(N)

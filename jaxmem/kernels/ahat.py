@@ -211,6 +211,17 @@ def ahat_sublayer(x_BTD, wq_HDK, wk_HDK, wv_HDV, wo_HVD, *, causal: bool = False
   Weights are per head: ``wq, wk [H, D, K]``, ``wv [H, D, V]``, ``wo [H, V, D]``. Returns ``(update, weights
   [B, H, T, T])`` and with ``return_scores`` also the raw scores ``q·k`` ``[B, H, T, T]`` (hidden keys
   included, unmasked)."""
+  D = check_rank("x_BTD", x_BTD, 3, "B, T, D")[2]
+  H, Dq, K = check_rank("wq_HDK", wq_HDK, 3, "H, D, K")
+  shapes = {"wk_HDK": (H, D, K), "wv_HDV": (H, D, None), "wo_HVD": (H, None, D)}
+  for name, w in (("wk_HDK", wk_HDK), ("wv_HDV", wv_HDV), ("wo_HVD", wo_HVD)):
+    got = check_rank(name, w, 3, name[-3:])
+    if any(want is not None and g != want for g, want in zip(got, shapes[name], strict=True)):
+      raise ValueError(f"`{name}` has shape {got}; expected {shapes[name]} (None: any) for x of width {D} "
+                       f"and {H} heads of key width {K}.")
+  if Dq != D or wv_HDV.shape[2] != wo_HVD.shape[1]:
+    raise ValueError(f"`wq_HDK` must read the residual width {D} and `wo_HVD` the value width "
+                     f"{wv_HDV.shape[2]}; got wq {tuple(wq_HDK.shape)}, wo {tuple(wo_HVD.shape)}.")
   proj = lambda w: jnp.einsum("btd,hdk->bthk", x_BTD, w, precision=jax.lax.Precision.HIGHEST)
   q, k, v = proj(wq_HDK), proj(wk_HDK), proj(wv_HDV)
   o, weights = ahat_attention(q, k, v, causal=causal, mask_BS=mask_BS, tol=tol, precision="highest",

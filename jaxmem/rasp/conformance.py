@@ -128,7 +128,7 @@ def check_model(model: CompiledModel, program: rasp.SOp, inputs: Sequence[list],
 
 def check_spec(spec, max_seq_len: int, *, exhaustive_len: int = 4, n_random: int = 1000,
                seed: int = 0, max_params: Optional[int] = None, causal: bool = False) -> Check:
-  """Compiles a :class:`jaxmem.rasp.lib.ProgramSpec` at ``max_seq_len`` (causally masked with
+  """Compiles a :class:`jaxmem.rasp.programs.ProgramSpec` at ``max_seq_len`` (causally masked with
   ``causal=True``, then compared with ``rasp.evaluate(..., causal=True)``) and checks it."""
   if not spec.lengths(max_seq_len):
     raise ValueError(f"{spec.name} accepts no input length <= {max_seq_len}.")

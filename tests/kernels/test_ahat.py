@@ -549,3 +549,16 @@ def test_packed_sequences_equal_each_document_alone(kind):
   check_packed_equals_alone(fn, xs, rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match=r"`segment_ids` must have shape \[B, T\]"):
     fn(*xs, segment_ids=PACKED[:1])
+
+
+def test_sublayer_refuses_weights_that_do_not_fit():
+  # ahat_sublayer (the fixed-weight sublayer of the RASP models and the simulator): shapes named in the message
+  from jaxmem.kernels.ahat import ahat_sublayer
+  x = np.zeros((1, 3, 4), np.float32)
+  wq, wv, wo = np.zeros((2, 4, 5), np.float32), np.zeros((2, 4, 6), np.float32), np.zeros((2, 6, 4), np.float32)
+  with pytest.raises(ValueError, match="`x_BTD` must have rank 3"):
+    ahat_sublayer(x[0], wq, wq, wv, wo)
+  with pytest.raises(ValueError, match=r"`wk_HDK` has shape \(2, 3, 5\)"):
+    ahat_sublayer(x, wq, wq[:, :3], wv, wo)
+  with pytest.raises(ValueError, match="`wo_HVD` the value width 6"):
+    ahat_sublayer(x, wq, wq, wv, wo[:, :5])

@@ -120,6 +120,18 @@ def test_reverse_grows_as_n_squared():
   _check(spec.build(256), sorted(spec.vocab), 256, [spec.sample(rng, n) for n in (256, 255, 100, 1)])
 
 
+# every input over {a, b, c} up to length 4, and every 7th of length 6
+ABC_INPUTS = ([list(x) for n in range(1, 5) for x in itertools.product("abc", repeat=n)]
+              + [list(x) for x in itertools.product("abc", repeat=6)][::7])
+
+
+def _check_abc_both_ways(program):
+  """:func:`_check` at N = 6 on :data:`ABC_INPUTS`, non-causal then causal; returns the causal model."""
+  for causal in (False, True):
+    model = _check(program, list("abc"), 6, ABC_INPUTS, causal)
+  return model
+
+
 def _widths_of_sort_keys():
   x = rasp.Map(lambda t: {"a": 1, "b": 2, "c": 3}[t], rasp.tokens).named("x")
   for pred in (C.LT, C.LEQ, C.GT, C.GEQ):
@@ -133,11 +145,7 @@ def _widths_of_sort_keys():
 
 @pytest.mark.parametrize("k", range(6))
 def test_width_over_a_lexicographic_key_equals_the_interpreter(k):
-  program = list(_widths_of_sort_keys())[k]
-  inputs = [list(x) for n in range(1, 5) for x in itertools.product("abc", repeat=n)]
-  inputs += [list(x) for x in itertools.product("abc", repeat=6)][::7]
-  for causal in (False, True):
-    model = _check(program, list("abc"), 6, inputs, causal)
+  model = _check_abc_both_ways(list(_widths_of_sort_keys())[k])
   split = any(name.endswith(":major") for name in model.meta["residual"])
   assert split == (k < 5)
 
@@ -165,11 +173,7 @@ def _or_widths():
 
 @pytest.mark.parametrize("k", range(3))
 def test_width_of_a_disjoint_or_equals_the_interpreter(k):
-  program = list(_or_widths())[k]
-  inputs = [list(x) for n in range(1, 5) for x in itertools.product("abc", repeat=n)]
-  inputs += [list(x) for x in itertools.product("abc", repeat=6)][::7]
-  for causal in (False, True):
-    model = _check(program, list("abc"), 6, inputs, causal)
+  model = _check_abc_both_ways(list(_or_widths())[k])
   assert any(":or[" in name for name in model.meta["residual"]) == (k < 2)
 
 

@@ -28,7 +28,7 @@ TRACR_LARGE = [("reverse", 80, 26_700_000, 372.0)]
 class RaspCompileSettings:
   """Sizes of ``rasp_compile`` (``configs/simulator_rasp_compile.py``)."""
 
-  programs: Tuple[str, ...]       # names in jaxmem.rasp.lib.PROGRAMS; empty = all
+  programs: Tuple[str, ...]       # names in jaxmem.rasp.programs.PROGRAMS; empty = all
   max_seq_lens: Tuple[int, ...]
   exhaustive_len: int             # every input of length <= this is checked
   n_random: int                   # plus this many random inputs of lengths up to N
@@ -37,14 +37,14 @@ class RaspCompileSettings:
 
 
 def measure(s: RaspCompileSettings, progress=None) -> list:
-  from jaxmem.rasp import conformance, lib
-  names = list(s.programs) or list(lib.PROGRAMS)
-  unknown = [n for n in names if n not in lib.PROGRAMS]
+  from jaxmem.rasp import conformance, programs
+  names = list(s.programs) or list(programs.PROGRAMS)
+  unknown = [n for n in names if n not in programs.PROGRAMS]
   if unknown:
-    raise ValueError(f"unknown programs {unknown}; choose from {sorted(lib.PROGRAMS)}.")
+    raise ValueError(f"unknown programs {unknown}; choose from {sorted(programs.PROGRAMS)}.")
   rows = []
   for name in names:
-    spec = lib.PROGRAMS[name]
+    spec = programs.PROGRAMS[name]
     for N in s.max_seq_lens:
       if not spec.lengths(N):
         rows.append({"name": name, "max_seq_len": N, "skipped": f"accepts no length <= {N}"})
@@ -68,7 +68,7 @@ def measure(s: RaspCompileSettings, progress=None) -> list:
           description="RASP library compiled to exact hard-attention models: size, compile time, exactness.",
           config="simulator_rasp_compile", settings=RaspCompileSettings)
 def run(ctx: RunContext, s: RaspCompileSettings) -> ExperimentResult:
-  from jaxmem.rasp import lib
+  from jaxmem.rasp import programs
   t0 = time.perf_counter()
   rows = measure(s, (lambda r: print(f"  {r['name']} N={r['max_seq_len']}: "
                                      f"{'skipped' if 'skipped' in r else str(r['wrong']) + ' wrong'}",
@@ -82,7 +82,7 @@ def run(ctx: RunContext, s: RaspCompileSettings) -> ExperimentResult:
   skipped = [[r["name"], r["max_seq_len"], r["skipped"]] for r in rows if "skipped" in r]
   vs_tracr = []
   for r in done:
-    t = lib.PROGRAMS[r["name"]].tracr
+    t = programs.PROGRAMS[r["name"]].tracr
     if r["max_seq_len"] == 5 and t is not None:
       vs_tracr.append([r["name"], f"{t[0]} / {r['layers']}", f"{t[1]} / {r['heads']}",
                        f"{t[2]} / {r['residual_width']}", f"{t[3]:,} / {r['params']:,}",
@@ -126,7 +126,7 @@ def run(ctx: RunContext, s: RaspCompileSettings) -> ExperimentResult:
 
 
 def _plot(ctx: RunContext, rows: list) -> str:
-  from jaxmem.rasp import lib
+  from jaxmem.rasp import programs
   plt = pyplot()
   fig, (ax_p, ax_t) = plt.subplots(1, 2, figsize=(11, 4))
   names = sorted({r["name"] for r in rows})
@@ -135,7 +135,7 @@ def _plot(ctx: RunContext, rows: list) -> str:
     N = [r["max_seq_len"] for r in rs]
     line, = ax_p.plot(N, [r["params"] for r in rs], marker="o", ms=3, lw=1, label=name)
     ax_t.plot(N, [max(r["compile_s"], 1e-3) for r in rs], marker="o", ms=3, lw=1, color=line.get_color())
-    t = lib.PROGRAMS[name].tracr
+    t = programs.PROGRAMS[name].tracr
     if t is not None:
       ax_p.scatter([5], [t[3]], marker="x", s=30, color=line.get_color())
   for prog, N, params, secs in TRACR_LARGE:
