@@ -1,10 +1,12 @@
 """``compile(program, vocab, max_seq_len)``: RASP → an exact average-hard-attention transformer.
 
-Stages (modules): :func:`jaxmem.rasp.passes.rewrite` (normal form) →
-:func:`~jaxmem.rasp.passes.check_types` → :class:`~jaxmem.rasp.passes.ValueSets` (value-set
-inference) → :func:`~jaxmem.rasp.passes.allocate` (layers) → :func:`jaxmem.rasp.craft.build`
-(residual space and weights) → :class:`jaxmem.rasp.model.CompiledModel` (a Flax NNX model on
-:mod:`jaxmem.kernels.ahat`).
+The passes, one module each in :mod:`jaxmem.rasp.passes` (named ``source_to_target``, as tracr's
+``compiler/`` is): ``rasp_to_normal_form.rewrite`` (the compilable normal form) →
+``rasp_to_graph`` (the graph, ``check_types``) → ``graph_to_value_sets.ValueSets`` (value-set
+inference, ``check_none``) → ``graph_to_schedule.allocate`` (layers) →
+``schedule_to_craft.build`` (residual space and weights, from the blocks in
+:mod:`jaxmem.rasp.craft`) → ``craft_to_model.assemble`` (a
+:class:`~jaxmem.rasp.model.CompiledModel`, a Flax NNX model on :mod:`jaxmem.kernels.ahat`).
 
 Exactness: hard attention computes a selection's mean exactly (no soft-attention leakage to
 BOS or to unselected keys, unlike tracr's logit-100 softmax), every attention score is a sum
@@ -13,9 +15,9 @@ inferred value set with steps that saturate a quarter-gap away. So the compiled 
 with :func:`jaxmem.rasp.evaluate` on every input of every length ``n ≤ max_seq_len``:
 categorical outputs identical, numerical ones to float32 rounding of the means (≈1e−7
 relative). Limits, each a ``ValueError`` at compile time rather than a wrong model: numerical
-value sets above :data:`~jaxmem.rasp.passes.MAX_VALUE_SET`, values closer than float32 can
+value sets above :data:`~jaxmem.rasp.passes.values.MAX_VALUE_SET`, values closer than float32 can
 separate (relative to the values, and to each SOp's float32 error bound,
-:class:`jaxmem.rasp.craft.ModelError`), constants (``ConstantSOp``), models above
+:class:`jaxmem.rasp.craft.residual.ModelError`), constants (``ConstantSOp``), models above
 ``max_params`` (estimated before any weight is built).
 """
 
@@ -26,8 +28,17 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from jaxmem.rasp import craft, passes, rasp
+from jaxmem.rasp import rasp
 from jaxmem.rasp.model import CompiledModel
+from jaxmem.rasp.passes import (
+  craft_to_model,
+  graph_to_schedule,
+  graph_to_value_sets,
+  rasp_to_graph,
+  rasp_to_normal_form,
+  schedule_to_craft,
+  values,
+)
 
 
 def _check_vocab(vocab, compiler_bos):
@@ -52,7 +63,7 @@ def _check_vocab(vocab, compiler_bos):
       raise ValueError(f"`vocab` holds {seen[v]!r} and {v!r}, equal in Python but of different "
                        "types; a compiled model reads them as one token. Keep one.")
     seen.setdefault(v, v)
-  return passes.unique_values(vocab, "vocab")
+  return values.unique_values(vocab, "vocab")
 
 
 def compile(program: rasp.SOp, vocab: Sequence[Any], max_seq_len: int,  # noqa: A001
@@ -75,62 +86,20 @@ def compile(program: rasp.SOp, vocab: Sequence[Any], max_seq_len: int,  # noqa: 
   if not isinstance(causal, bool):
     raise ValueError(f"`causal` must be a bool, got {causal!r}.")
   vocab = _check_vocab(vocab, compiler_bos)
-  vs = passes.ValueSets(vocab, max_seq_len)
-  out = passes.rewrite(program, vs)
-  nodes = passes.walk(out)
-  passes.check_types(nodes, out)
+  vs = graph_to_value_sets.ValueSets(vocab, max_seq_len)
+  out = rasp_to_normal_form.rewrite(program, vs)
+  nodes = rasp_to_graph.walk(out)
+  rasp_to_graph.check_types(nodes, out)
   for e in nodes:  # numerical tokens / Full must be numbers
     if isinstance(e, (rasp.TokensType, rasp.Full)) and rasp.is_numerical(e):
       vs[e]
-  none_checked = passes.check_none(nodes, vs, out)
-  schedule = passes.allocate(nodes)
-  fused = passes.allocate(nodes, fuse=True)
+  none_checked = graph_to_value_sets.check_none(nodes, vs, out)
+  schedule = graph_to_schedule.allocate(nodes)
+  fused = graph_to_schedule.allocate(nodes, fuse=True)
   if fused.num_layers < schedule.num_layers:   # MLP-only chains in one layer's (deeper) MLP
     schedule = fused
-  res, tok, pos, layers = craft.build(nodes, out, vs, schedule, vocab, max_seq_len, max_params)
-  space = res.spaces[out.unique_id]
-  layer_dicts = []
-  for lw in layers:
-    d: dict = {"attn_ops": lw.attn_ops, "mlp_ops": lw.mlp_ops, "mlp": lw.mlp}
-    if lw.heads:
-      dk = max(h.wq.shape[1] for h in lw.heads)
-      dv = max(h.wv.shape[1] for h in lw.heads)
-      H, dm = len(lw.heads), res.width
-      wq, wk = np.zeros((H, dm, dk)), np.zeros((H, dm, dk))
-      wv, wo = np.zeros((H, dm, dv)), np.zeros((H, dv, dm))
-      for i, h in enumerate(lw.heads):
-        wq[i, :, : h.wq.shape[1]] = h.wq
-        wk[i, :, : h.wk.shape[1]] = h.wk
-        wv[i, :, : h.wv.shape[1]] = h.wv
-        wo[i, : h.wo.shape[0]] = h.wo
-      d["heads"] = {"wq": wq, "wk": wk, "wv": wv, "wo": wo}
-    layer_dicts.append(d)
-  snap = None
-  if space.encoding == "numerical" and not isinstance(out, rasp.Aggregate):
-    # the output's values, well apart in float32: decode each to the interpreter's own value
-    # (type included). Skipped where the value set is too large to infer.
-    try:
-      vals = [v for v in vs[out] if v is not None]
-    except ValueError:
-      vals = []
-    u = np.asarray([float(v) for v in vals])
-    order = np.argsort(u, kind="stable")
-    u = u[order]
-    if u.size and np.all(np.diff(u) > 4e-6 * np.maximum(1.0, np.abs(u[1:]))):
-      snap = [vals[i] for i in order]
-  meta = {
-      "residual": res.names, "vocab": vocab, "bos": compiler_bos, "max_seq_len": max_seq_len,
-      "tie_tol": craft.TIE_TOL, "causal": causal,
-      "output": {"label": out.label, "encoding": space.encoding, "dims": space.dims,
-                 "values": space.values, "snap": snap},
-      "one_hot_checks": [[e.label, res.spaces[e.unique_id].dims] for e in nodes
-                         if isinstance(e, rasp.Aggregate) and rasp.is_categorical(e)],
-      # where these SOps are None (all zero) at a real position the interpreter raises
-      "none_checks": [[e.label, res.spaces[e.unique_id].dims] for e in none_checked],
-      # where a raises dim is set, the SOp's function raised in the interpreter
-      "raise_checks": [[sp.label, sp.raises] for sp in res.spaces.values() if sp.raises is not None],
-  }
-  model = CompiledModel(embed_token=tok, embed_position=pos, layers=layer_dicts, meta=meta,
-                        program=program)
+  res, tok, pos, layers = schedule_to_craft.build(nodes, out, vs, schedule, vocab, max_seq_len, max_params)
+  model = craft_to_model.assemble(program, out, nodes, vs, none_checked, res, tok, pos, layers, vocab,
+                                  compiler_bos, max_seq_len, causal)
   model.compile_seconds = time.perf_counter() - t0  # everything up to a runnable NNX model
   return model

@@ -27,7 +27,7 @@ import numpy as np
 from jaxmem.rasp import rasp
 from jaxmem.rasp.compiler import compile as compile_program
 from jaxmem.rasp.model import CompiledModel
-from jaxmem.rasp.passes import sort_values, value_key
+from jaxmem.rasp.passes.values import sort_values, value_key
 
 COMPILER_BOS = "compiler_bos"
 COMPILER_PAD = "compiler_pad"

@@ -39,7 +39,7 @@ from flax import nnx
 
 from jaxmem.arrays import device_array
 from jaxmem.kernels.ahat import ahat_sublayer
-from jaxmem.rasp.passes import value_key
+from jaxmem.rasp.passes.values import value_key
 from jaxmem.sharding import param
 
 HIGHEST = jax.lax.Precision.HIGHEST

@@ -3,14 +3,14 @@ model's own sizes and an exact check, a refused row the compiler's message, trac
 
 from jaxmem import rasp
 from jaxmem.bench import rasp as bench
-from jaxmem.rasp import lib
+from jaxmem.rasp import programs
 
 
 def test_scale_rows_hold_the_compiled_sizes_and_refusals():
   rows = bench.scale_rows(("length", "reverse"), (5,), inputs={5: 6})
   assert [r[:2] for r in rows] == [["length", 5], ["reverse", 5]]
   for name, row in zip(("length", "reverse"), rows, strict=True):
-    spec = lib.PROGRAMS[name]
+    spec = programs.PROGRAMS[name]
     m = rasp.compile(spec.build(5), sorted(spec.vocab, key=repr), 5)
     assert row[2:6] == [m.num_layers, m.num_heads, m.residual_width, m.num_params]
     assert row[6] > 0 and row[7:] == [6, 0]

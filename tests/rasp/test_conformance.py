@@ -1,4 +1,4 @@
-"""The conformance suite: every program of :data:`jaxmem.rasp.lib.PROGRAMS` compiled once at
+"""The conformance suite: every program of :data:`jaxmem.rasp.programs.PROGRAMS` compiled once at
 N = 40 and compared with the interpreter (:func:`jaxmem.rasp.evaluate`) and with the
 program's plain-Python reference on
 
@@ -31,9 +31,9 @@ import random
 import pytest
 
 from jaxmem import rasp
-from jaxmem.rasp import conformance, lib
+from jaxmem.rasp import conformance, programs
 
-NAMES = sorted(lib.PROGRAMS)
+NAMES = sorted(programs.PROGRAMS)
 N = 40
 EXHAUSTIVE_LEN = {"kparity": 10, "kparity_count": 10, "match2": 5, "transpose": 6}
 RANDOM_PER_LENGTH = {}
@@ -67,7 +67,7 @@ def _apply(model, inputs):
 @functools.cache
 def _checked(name):
   """(spec, exhaustive inputs, all inputs, compiled outputs, interpreted outputs) at N."""
-  spec = lib.PROGRAMS[name]
+  spec = programs.PROGRAMS[name]
   program = spec.build(N)
   model = rasp.compile(program, _vocab(spec), N)
   exhaustive, extra = _inputs(spec)
@@ -114,10 +114,10 @@ def test_kparity_and_match2_are_exact_at_every_length_by_construction():
     assert got == [spec.reference(x) for x in inputs]
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if lib.PROGRAMS[n].tracr is not None])
+@pytest.mark.parametrize("name", [n for n in NAMES if programs.PROGRAMS[n].tracr is not None])
 @pytest.mark.slow
 def test_residual_width_and_params_at_most_tracrs_at_n5(name):
-  spec = lib.PROGRAMS[name]
+  spec = programs.PROGRAMS[name]
   model = rasp.compile(spec.build(5), _vocab(spec), 5)   # sizes only: no forward pass
   layers, heads, width, params = spec.tracr
   assert model.residual_width <= width, (name, model.residual_width, width)
@@ -127,7 +127,7 @@ def test_residual_width_and_params_at_most_tracrs_at_n5(name):
 def test_check_spec_reports_an_exact_check():
   """The library's own entry point (what ``jaxmem compile --check`` and ``rasp_compile`` run)
   counts inputs and disagreements as the suite above does."""
-  spec = lib.PROGRAMS["frac_prevs"]
+  spec = programs.PROGRAMS["frac_prevs"]
   c = conformance.check_spec(spec, 5, exhaustive_len=3, n_random=20, seed=1)
   assert c.inputs == 2 + 4 + 8 + 20 and c.wrong == 0 and c.max_abs_err <= 1e-6 and c.example is None
   assert (c.name, c.max_seq_len) == ("frac_prevs", 5) and c.params > 0 and c.compile_s > 0

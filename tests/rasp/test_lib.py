@@ -1,6 +1,6 @@
 """The RASP program library against independent plain-Python references, and the DSL itself.
 
-For every entry of :data:`jaxmem.rasp.lib.PROGRAMS`, ``rasp.evaluate(spec.build(N), xs)``
+For every entry of :data:`jaxmem.rasp.programs.PROGRAMS`, ``rasp.evaluate(spec.build(N), xs)``
 must equal ``spec.reference(xs)`` on every accepted input of length 1..4 over the vocab
 (``itertools.product``; a program whose domain has no such length — transpose, length 6 —
 is enumerated at its shortest length) and on 300 random inputs of lengths up to 12.
@@ -25,13 +25,13 @@ import zlib
 
 import pytest
 
-from jaxmem.rasp import lib, rasp
+from jaxmem.rasp import lib, programs, rasp, references
 from jaxmem.rasp.rasp import Evaluator
 
 N_EXHAUSTIVE = 5  # tracr's max_seq_len for its published sizes
 N_RANDOM = 12
 RANDOM_INPUTS = 300
-NAMES = sorted(lib.PROGRAMS)
+NAMES = sorted(programs.PROGRAMS)
 
 EXPECTED_PROGRAMS = {
     "length", "reverse", "hist", "sort_unique", "sort", "sort_freq", "frac_prevs", "pair_balance",
@@ -121,21 +121,21 @@ def exhaustive_inputs(spec):
 
 
 def test_programs_table():
-  assert set(lib.PROGRAMS) == EXPECTED_PROGRAMS
-  for name, spec in lib.PROGRAMS.items():
+  assert set(programs.PROGRAMS) == EXPECTED_PROGRAMS
+  for name, spec in programs.PROGRAMS.items():
     assert spec.name == name
     assert spec.encoding in ("categorical", "numerical")
     assert spec.tracr is None or (len(spec.tracr) == 4 and all(isinstance(v, int) for v in spec.tracr))
     assert spec.description
     with pytest.raises(dataclasses.FrozenInstanceError):
       spec.name = "other"
-  assert lib.PROGRAMS["shuffle_dyck2"].tracr == (8, 4, 55, 243000)
-  assert lib.PROGRAMS["sort"].tracr == (3, 1, 50, 23700)
+  assert programs.PROGRAMS["shuffle_dyck2"].tracr == (8, 4, 55, 243000)
+  assert programs.PROGRAMS["sort"].tracr == (3, 1, 50, 23700)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_exhaustive_short_inputs(name):
-  spec = lib.PROGRAMS[name]
+  spec = programs.PROGRAMS[name]
   inputs = list(exhaustive_inputs(spec))
   assert inputs
   N = max(N_EXHAUSTIVE, max(len(xs) for xs in inputs))
@@ -149,7 +149,7 @@ def test_exhaustive_short_inputs(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_random_inputs(name):
-  spec = lib.PROGRAMS[name]
+  spec = programs.PROGRAMS[name]
   rng = random.Random(zlib.crc32(name.encode()))
   program = spec.build(N_RANDOM)
   nodes = check_static(program)
@@ -163,7 +163,7 @@ def test_random_inputs(name):
 
 @pytest.mark.parametrize("name", ["shuffle_dyck1", "shuffle_dyck2"])
 def test_dyck_samples_hit_both_outcomes(name):
-  spec = lib.PROGRAMS[name]
+  spec = programs.PROGRAMS[name]
   rng = random.Random(0)
   for n in (4, 6, 8):
     outcomes = {spec.reference(spec.sample(rng, n))[0] for _ in range(100)}
@@ -172,23 +172,23 @@ def test_dyck_samples_hit_both_outcomes(name):
 
 def test_samplers_respect_domains():
   rng = random.Random(1)
-  for spec in lib.PROGRAMS.values():
+  for spec in programs.PROGRAMS.values():
     for n in spec.lengths(N_RANDOM):
       assert spec.accepts(spec.sample(rng, n), N_RANDOM)
   with pytest.raises(ValueError, match="distinct"):
-    lib.PROGRAMS["sort_unique"].sample(rng, 9)
+    programs.PROGRAMS["sort_unique"].sample(rng, 9)
   with pytest.raises(ValueError, match="length 6"):
-    lib.PROGRAMS["transpose"].sample(rng, 5)
-  su = lib.PROGRAMS["sort_unique"]
+    programs.PROGRAMS["transpose"].sample(rng, 5)
+  su = programs.PROGRAMS["sort_unique"]
   assert not su.accepts([1, 1]) and su.accepts([2, 1]) and not su.accepts([9])
-  assert list(lib.PROGRAMS["transpose"].lengths(12)) == [6]
-  assert not lib.PROGRAMS["length"].accepts([])
-  assert not lib.PROGRAMS["sort"].accepts([1, 2, 3], max_seq_len=2)
+  assert list(programs.PROGRAMS["transpose"].lengths(12)) == [6]
+  assert not programs.PROGRAMS["length"].accepts([])
+  assert not programs.PROGRAMS["sort"].accepts([1, 2, 3], max_seq_len=2)
 
 
 def test_spec_rejects_bad_encoding():
   with pytest.raises(ValueError, match="encoding"):
-    lib.ProgramSpec(name="x", build=lambda N: rasp.tokens, vocab=frozenset({1}),
+    programs.ProgramSpec(name="x", build=lambda N: rasp.tokens, vocab=frozenset({1}),
                     reference=list, encoding="onehot", tracr=None, sample=lambda r, n: [1] * n)
 
 
@@ -279,7 +279,7 @@ def test_transpose_every_length_matches_reference():
   for n in range(1, 13):
     for _ in range(5):
       xs = [rng.choice("abc") for _ in range(n)]
-      assert_same(rasp.evaluate(program, xs), lib.ref_transpose(xs), False, xs)
+      assert_same(rasp.evaluate(program, xs), references.ref_transpose(xs), False, xs)
 
 
 def test_extra_helpers_exhaustively():
@@ -551,3 +551,10 @@ def test_evaluate_memoises_a_diamond():
   assert len(pred_calls) == 4  # one 2×2 selector evaluation, shared by both heads
   with pytest.raises(ValueError, match="RASP expression"):
     rasp.evaluate(lambda x: x, [1])
+
+
+def test_lib_still_resolves_the_names_that_moved_out():
+  assert lib.PROGRAMS is programs.PROGRAMS and lib.ProgramSpec is programs.ProgramSpec
+  assert lib.ref_transpose is references.ref_transpose
+  with pytest.raises(AttributeError, match="no attribute 'ref_nothing'"):
+    lib.ref_nothing  # noqa: B018

@@ -19,7 +19,9 @@ import random
 import pytest
 
 from jaxmem import rasp
-from jaxmem.rasp import conformance, craft, lib, passes
+from jaxmem.rasp import conformance, lib
+from jaxmem.rasp.passes import graph_to_value_sets, schedule_to_craft
+from jaxmem.rasp.programs import PROGRAMS
 
 C = rasp.Comparison
 
@@ -51,9 +53,9 @@ def test_tiny_values_apart_relative_to_their_size_compile_exactly():
 def test_max_params_is_refused_before_any_weight_is_built(monkeypatch):
   def no_heads(*args, **kwargs):
     raise AssertionError("a head was built before the size check")
-  monkeypatch.setattr(craft, "build_head", no_heads)
-  monkeypatch.setattr(craft, "assemble_mlp", no_heads)
-  spec = lib.PROGRAMS["sort_freq"]
+  monkeypatch.setattr(schedule_to_craft, "build_head", no_heads)
+  monkeypatch.setattr(schedule_to_craft, "assemble_mlp", no_heads)
+  spec = PROGRAMS["sort_freq"]
   with pytest.raises(ValueError, match=r"at least [\d,]+ parameters .*estimated before building.*"
                                        r"max_params=10,000"):
     rasp.compile(spec.build(40), sorted(spec.vocab, key=repr), 40, max_params=10_000)
@@ -72,7 +74,7 @@ def _pair_balance():
 def test_difference_of_two_means_over_one_selector_has_the_joint_value_set():
   N = 40
   balance = _pair_balance()
-  vs = passes.ValueSets(list("()a"), N)
+  vs = graph_to_value_sets.ValueSets(list("()a"), N)
   got = vs[balance]
   # every value the interpreter can compute: o opens and c closes among w positions
   want = {o / w - c / w for w in range(1, N + 1) for o in range(w + 1) for c in range(w + 1 - o)} | {0}
@@ -89,7 +91,7 @@ def test_difference_of_two_means_over_one_selector_has_the_joint_value_set():
 def test_tracr_shuffle_dyck2_compiles_at_n40():
   pytest.importorskip("tracr")
   program = conformance.tracr_lib().make_shuffle_dyck2()
-  spec = lib.PROGRAMS["shuffle_dyck2"]
+  spec = PROGRAMS["shuffle_dyck2"]
   rng = random.Random(1)
   _check(program, list("(){}"), 40, [spec.sample(rng, n) for n in (1, 2, 7, 20, 39, 40, 40, 40)])
 
@@ -113,7 +115,7 @@ def test_affine_sequence_maps_equal_the_interpreter(k):
 
 
 def test_reverse_grows_as_n_squared():
-  spec = lib.PROGRAMS["reverse"]
+  spec = PROGRAMS["reverse"]
   p80, p160 = (rasp.compile(spec.build(N), sorted(spec.vocab), N).num_params for N in (80, 160))
   assert p160 / p80 < 4.5   # N²: 4; the N³ pair table of n − 1 − i: 8
   rng = random.Random(2)
@@ -151,7 +153,7 @@ def test_width_over_a_lexicographic_key_equals_the_interpreter(k):
 
 
 def test_sort_freq_compiles_at_n80_without_the_key_one_hot():
-  spec = lib.PROGRAMS["sort_freq"]
+  spec = PROGRAMS["sort_freq"]
   rng = random.Random(3)
   inputs = [spec.sample(rng, n) for n in (80, 79, 33, 1)]
   model = _check(spec.build(80), sorted(spec.vocab, key=repr), 80, inputs)
@@ -211,3 +213,23 @@ def test_a_fused_chain_reads_negative_residual_numbers_and_earlier_stages():
   for causal in (False, True):
     model = _check(program, list("ab"), 6, inputs, causal)
   assert model.num_layers == 2
+
+
+def test_selectors_reading_the_same_sops_share_one_product():
+  """An Or over `(tokens, indices)` read by two Aggregates, and one whose keys and queries are the same SOps
+  in another order: one tuple SOp `(tokens, indices)` serves every keys and queries side (four before)."""
+  x, i = rasp.tokens, rasp.indices
+  sel = rasp.Select(x, x, C.LT) | rasp.Select(i, i, C.EQ)
+  crossed = rasp.Select(i, x, C.GT) | rasp.Select(x, i, C.LT)   # keys (i, x), queries (x, i): the same tuple
+  a = rasp.numerical(rasp.Aggregate(sel, rasp.numerical(rasp.Map(lambda t: t / 4, x)), default=0)).named("a")
+  b = rasp.numerical(rasp.Aggregate(sel, rasp.numerical(rasp.Map(lambda t: t / 2, x)), default=0)).named("b")
+  eighth = rasp.numerical(rasp.Map(lambda t: t / 8, x))
+  c = rasp.numerical(rasp.Aggregate(crossed, eighth, default=0)).named("c")
+  program = rasp.numerical(rasp.LinearSequenceMap(rasp.numerical(rasp.LinearSequenceMap(a, b, 1, 1)), c, 1, 1))
+  vocab = [1, 2, 3, 4]
+  inputs = [list(t) for n in range(1, 5) for t in itertools.product(vocab, repeat=n)][::3]
+  for causal in (False, True):
+    model = _check(program, vocab, 6, inputs, causal)
+  split = [name.rsplit(":", 1) for name in model.meta["residual"]]
+  tuple_sops = {parts[0] for parts in split if parts[-1].startswith("(")}
+  assert tuple_sops == {"(tokens, indices)"}

@@ -11,7 +11,7 @@ import pytest
 from jaxmem import config_files, rasp
 from jaxmem.experiments import REGISTRY, RunContext
 from jaxmem.experiments.simulator import rasp_compile as exp
-from jaxmem.rasp import conformance, lib
+from jaxmem.rasp import conformance, programs
 from tests.conftest import reproduce_tiny
 
 pytestmark = pytest.mark.slow   # end-to-end experiment runs: `make test`, not `make test-fast`
@@ -37,7 +37,7 @@ def test_rasp_compile_tiny_report_holds_the_recomputed_numbers(tmp_path):
 
   total = 0
   for name, N in (("frac_prevs", 5), ("frac_prevs", 6), ("transpose", 6)):
-    spec, r = lib.PROGRAMS[name], rows[name, N]
+    spec, r = programs.PROGRAMS[name], rows[name, N]
     vocab = sorted(spec.vocab, key=repr)
     model = rasp.compile(spec.build(N), vocab, N)   # sizes only
     inputs = conformance.inputs_for(vocab, spec.lengths(N), exhaustive_len=3, n_random=30, seed=s.seed,
@@ -51,7 +51,7 @@ def test_rasp_compile_tiny_report_holds_the_recomputed_numbers(tmp_path):
             f"{r['max_abs_err']:.1e} |") in report
   assert metrics["wrong"] == 0 and metrics["inputs"] == total
 
-  t = lib.PROGRAMS["frac_prevs"].tracr
+  t = programs.PROGRAMS["frac_prevs"].tracr
   r = rows["frac_prevs", 5]
   assert (f"| frac_prevs | {t[0]} / {r['layers']} | {t[1]} / {r['heads']} | {t[2]} / {r['residual_width']} | "
           f"{t[3]:,} / {r['params']:,} | yes | yes |") in report

@@ -1,25 +1,5 @@
-"""Weights: the residual space, and every op's attention head or MLP, as numpy arrays.
-
-Residual space (named dimensions, fixed order): ``one`` (1 everywhere), ``bos`` (1 at the
-BOS position only), then every SOp in graph order — a categorical SOp ``s`` gets one
-dimension ``s:v`` per value ``v`` (one-hot; all zero means ``None``), a numerical SOp one
-dimension ``s`` — and the scratch dimension ``s:1/(w+1)`` of each SelectorWidth.
-**Invariant**: after every layer, every SOp dimension is exactly 0 at the BOS position
-(embeddings write nothing there; every head's BOS query reads the BOS key, whose value is
-the op's default, removed again by the same layer's MLP when non-zero; every first-layer
-MLP unit gets a ``bos`` weight that holds its pre-activation at BOS at −1 or below, computed
-from the exact residual that MLP sees at BOS, so no MLP writes there).
-
-Attention (one head per op; scores are sums of 0/1 table entries, so exact in float32):
-
-* ``Aggregate(S, v, default)`` with ``S`` the conjunction of ``m`` Selects: the score of key
-  ``k`` for query ``q`` is ``Σ_i P_i(key_i[k], query_i[q])`` ∈ {0..m}, each ``P_i`` a 0/1 table
-  written into ``W_Q``/``W_K`` over the one-hot dimensions (rank ``min(|V_q|, |V_k|)``); the
-  BOS key scores ``m − ½``. Hard attention takes the argmax set: the selected keys when any
-  exist (score ``m``), else BOS alone, whose value is the default. Heads use a tie tolerance
-  of ¼ (scores are multiples of ½), so one-hots that are 1 ± 1e−7 still tie exactly.
-* ``SelectorWidth(S)``: the same scores with BOS at ``m`` (always selected) and value
-  ``bos``: the head writes ``1/(w+1)`` exactly; the MLP below turns it into ``w``.
+"""Every MLP op as a *lane* of ReLU units, and lanes side by side (or stacked, for a fused chain) as one
+layer's MLP.
 
 MLPs (one lane per op, lanes side by side; ReLU; depth 1–3):
 
@@ -54,136 +34,20 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from jaxmem.rasp import rasp
-from jaxmem.rasp.passes import (
-  RAISES,
-  Schedule,
-  ValueSets,
-  call_or_raises,
-  is_number,
-  kind,
-  maybe_none,
-  selects_of,
-  sort_values,
-  value_key,
+from jaxmem.rasp.craft.residual import (
+  CLEAN_SLOPE,
+  EXACT_INT,
+  MIN_GAP,
+  STEP_SLOPE,
+  U32,
+  ModelError,
+  Residual,
+  Space,
+  _integers,
+  encode,
 )
-
-TIE_TOL = 0.25
-STEP_SLOPE = 4.0       # L·gap: the step is saturated at ±2 at the neighbouring values
-CLEAN_SLOPE = 8.0
-MIN_GAP = 1e-5         # relative: closer values cannot be told apart by a float32 step
-U32 = 2.0 ** -24       # float32 unit roundoff
-EXACT_INT = 2 ** 20    # integers below this, times 4 and plus ½, stay exact in float32
-
-
-# ----------------------------------------------------------------------------- residual
-
-
-@dataclasses.dataclass
-class Space:
-  """How one SOp is laid out in the residual."""
-  label: str
-  encoding: str               # "categorical" | "numerical"
-  dims: List[int]
-  values: List[Any]           # categorical: the value of each dim; numerical: []
-  raises: Optional[int] = None  # a dim set to 1 where the SOp's function raises (see passes.RAISES)
-
-  def position(self, value: Any) -> Optional[int]:
-    if not hasattr(self, "_index"):
-      self._index = {value_key(v): i for i, v in enumerate(self.values)}
-    return self._index.get(value_key(value))
-
-
-class Residual:
-  def __init__(self):
-    self.names: List[str] = []
-    self.spaces: Dict[int, Space] = {}
-    self._labels: set = set()
-
-  def add(self, name: str) -> int:
-    self.names.append(name)
-    return len(self.names) - 1
-
-  def add_sop(self, e: rasp.SOp, values: Optional[list]) -> Space:
-    label = e.label
-    if label in self._labels:  # two SOps of one name: keep residual names unique
-      label = f"{label}#{e.unique_id}"
-    self._labels.add(label)
-    if rasp.is_numerical(e):
-      sp = Space(label, "numerical", [self.add(label)], [])
-    else:
-      values = [v for v in values if v is not None]  # None is the zero vector
-      sp = Space(label, "categorical", [self.add(f"{label}:{v}") for v in values], list(values))
-    self.spaces[e.unique_id] = sp
-    return sp
-
-  @property
-  def width(self) -> int:
-    return len(self.names)
-
-
-# ----------------------------------------------------------------------------- float32 error
-
-
-def _integers(u: np.ndarray) -> bool:
-  return bool(u.size == 0 or (np.all(u == np.round(u)) and np.max(np.abs(u)) < EXACT_INT))
-
-
-class ModelError:
-  """A bound ``(a, r)`` on how far a numerical SOp's float32 value in the compiled model can
-  be from its exact value ``x``: ``|x̃ − x| ≤ a + r·|x|``. ``(0, 0)`` means exact (integers
-  written by one product, or sums of such below :data:`EXACT_INT`).
-
-  * indices, SelectorWidth: exact integers; tokens, Full, Map / SequenceMap tables: the value
-    written by one product ``1·y``, so ``y`` rounded to float32 once (exact for integers);
-  * ``LinearSequenceMap`` ``c_a·a + c_b·b``: the inputs' errors times ``|c|``, plus three
-    roundings of the terms (exact for integer coefficients and exact integer inputs);
-  * numerical ``Aggregate``: the mean of exact integers is one rounded division; otherwise the
-    input's error, plus a float32 sum of up to ``N`` terms (``N·u·max|v|``) and the division.
-
-  The discretising steps of :func:`_step_layers` use it: a step between two values is built
-  only if this error stays below a quarter of their gap (and the gap is at least
-  :data:`MIN_GAP` relative, for the step's own rounding)."""
-
-  def __init__(self, vs: ValueSets):
-    self.vs = vs
-    self.memo: Dict[int, Tuple[float, float]] = {}
-
-  def _values(self, e) -> np.ndarray:
-    if rasp.is_numerical(e):
-      return self.vs.numbers(e)
-    return np.asarray([float(v) for v in self.vs[e] if v is not None and not isinstance(v, str)
-                       and isinstance(v, (int, float, np.number))], np.float64)
-
-  def __call__(self, e: rasp.SOp) -> Tuple[float, float]:
-    if e.unique_id not in self.memo:
-      self.memo[e.unique_id] = self._bound(e)
-    return self.memo[e.unique_id]
-
-  def _bound(self, e: rasp.SOp) -> Tuple[float, float]:
-    if isinstance(e, (rasp.IndicesType, rasp.SelectorWidth)):
-      return (0.0, 0.0)
-    if isinstance(e, rasp.LinearSequenceMap) and rasp.is_numerical(e.fst) and rasp.is_numerical(e.snd):
-      total, exact, mag = 0.0, True, 0.0
-      for c, fac in ((e.fst, e.fst_fac), (e.snd, e.snd_fac)):
-        a, r = self(c)
-        m = float(np.max(np.abs(self._values(c)), initial=0.0))
-        total += abs(fac) * (a + r * m)
-        mag += abs(fac) * m
-        exact &= (a, r) == (0.0, 0.0) and float(fac) == round(float(fac)) and _integers(self._values(c))
-      if exact and mag < EXACT_INT:
-        return (0.0, 0.0)
-      return (total + 3 * U32 * mag, 0.0)
-    if isinstance(e, rasp.Aggregate):
-      src = self._values(e.sop)
-      m = float(np.max(np.abs(src), initial=0.0))
-      a, r = self(e.sop) if rasp.is_numerical(e.sop) else (0.0, 0.0 if _integers(src) else U32)
-      if (a, r) == (0.0, 0.0) and _integers(src) and self.vs.N * m < 2 ** 24:
-        return (0.0, 2 * U32)       # an exact integer sum, one division (two roundings, to be safe)
-      return (a + r * m + (self.vs.N + 1) * U32 * m, 2 * U32)
-    return (0.0, 0.0 if _integers(self._values(e)) else U32)
-
-
-# ----------------------------------------------------------------------------- MLP lanes
+from jaxmem.rasp.passes.graph_to_value_sets import ValueSets
+from jaxmem.rasp.passes.values import RAISES, call_or_raises, is_number, value_key
 
 
 @dataclasses.dataclass
@@ -301,24 +165,6 @@ def _carry(lane: Lane, fs: List[Functional]) -> List[Functional]:
   return out
 
 
-def _encode(space: Space, value: Any) -> Dict[int, float]:
-  """The residual vector of ``value`` in ``space`` (None: zero; RAISES: the raises dim)."""
-  if value is None:
-    return {}
-  if value is RAISES:
-    return {space.raises: 1.0}
-  if space.encoding == "numerical":
-    if not (isinstance(value, (int, float, bool, np.number))):
-      raise ValueError(f"numerical SOp '{space.label}' takes the non-numerical value "
-                       f"{value!r}; numerical SOps must be numbers (or bools).")
-    v = float(value)
-    return {space.dims[0]: v} if v != 0.0 else {}
-  i = space.position(value)
-  if i is not None:
-    return {space.dims[i]: 1.0}
-  raise ValueError(f"value {value!r} is not in the value set of '{space.label}'.")
-
-
 def _emit(lane: Lane, last: List[Functional], outputs: List[Any], space: Space, direct: bool):
   """Output layer: indicator ``i`` of ``last`` writes ``encode(outputs[i])``. ``direct``:
   the indicators are already last-layer outputs (linear readout); else one ReLU layer of
@@ -327,13 +173,13 @@ def _emit(lane: Lane, last: List[Functional], outputs: List[Any], space: Space, 
     layer = lane.add_layer()
     keep = []
     for f, y in zip(last, outputs, strict=True):
-      enc = _encode(space, y)
+      enc = encode(space, y)
       if not enc:
         continue
       layer.append(Unit(dict(f)))
       keep.append(({len(layer) - 1: 1.0}, enc))
   else:
-    keep = [(f, _encode(space, y)) for f, y in zip(last, outputs, strict=True)]
+    keep = [(f, encode(space, y)) for f, y in zip(last, outputs, strict=True)]
   for f, enc in keep:
     for unit, a in f.items():
       for dim, b in enc.items():
@@ -520,7 +366,7 @@ def sequence_map_lane(e: rasp.SequenceMap, vs: ValueSets, res: Residual, errors:
   space = res.spaces[e.unique_id]
   for fi, i in zip(ia, ra, strict=True):
     for fj, j in zip(ib, rb, strict=True):
-      enc = _encode(space, table[i][j])
+      enc = encode(space, table[i][j])
       if not enc:
         continue
       f = dict(fi)
@@ -635,117 +481,9 @@ def cleanup_lane(label: str, space: Space, default: Any) -> Lane:
   lane.cleanup = True     # adds to dims already in the residual (−default, at BOS only)
   layer = lane.add_layer()
   layer.append(Unit({}, bias=0.0, bos=1.0))
-  for dim, val in _encode(space, default).items():
+  for dim, val in encode(space, default).items():
     lane.out[(0, dim)] = -val
   return lane
-
-
-# ----------------------------------------------------------------------------- heads
-
-
-@dataclasses.dataclass
-class Head:
-  label: str
-  wq: np.ndarray   # [d, dk]
-  wk: np.ndarray   # [d, dk]
-  wv: np.ndarray   # [d, dv]
-  wo: np.ndarray   # [dv, d]
-
-
-def _predicate_table(sel: rasp.Select, qvals: list, kvals: list) -> np.ndarray:
-  """``P[a, b] = predicate(key=kvals[b], query=qvals[a])``, vectorised for Comparisons on
-  numbers."""
-  p = sel.predicate
-  if isinstance(p, rasp.Comparison) and qvals and kvals and all(
-      isinstance(v, (int, float, bool, np.number)) for v in qvals + kvals):
-    q = np.asarray(qvals, np.float64)[:, None]
-    k = np.asarray(kvals, np.float64)[None, :]
-    table = {
-        rasp.Comparison.EQ: k == q, rasp.Comparison.LT: k < q, rasp.Comparison.LEQ: k <= q,
-        rasp.Comparison.GT: k > q, rasp.Comparison.GEQ: k >= q, rasp.Comparison.NEQ: k != q,
-        rasp.Comparison.TRUE: np.ones((len(qvals), len(kvals)), bool),
-        rasp.Comparison.FALSE: np.zeros((len(qvals), len(kvals)), bool),
-    }[p]
-    return table.astype(np.float64)
-  out = np.zeros((len(qvals), len(kvals)))
-  for a, qv in enumerate(qvals):
-    for b, kv in enumerate(kvals):
-      try:
-        out[a, b] = 1.0 if p(kv, qv) else 0.0
-      except Exception as exc:
-        raise ValueError(f"the predicate of '{sel.label}' raised {type(exc).__name__}: {exc} "
-                         f"on key {kv!r}, query {qv!r}.") from exc
-  return out
-
-
-def build_head(e, res: Residual, d: int, scratch: Optional[int]) -> Head:
-  """The hard-attention head of an Aggregate, or of a SelectorWidth's attention half."""
-  selects = selects_of(e.selector)
-  m = len(selects)
-  blocks_q, blocks_k = [], []
-  for s in selects:
-    qs, ks = res.spaces[s.queries.unique_id], res.spaces[s.keys.unique_id]
-    P = _predicate_table(s, qs.values, ks.values)
-    if len(qs.dims) <= len(ks.dims):
-      bq = np.zeros((d, len(qs.dims)))
-      bq[qs.dims, np.arange(len(qs.dims))] = 1.0
-      bk = np.zeros((d, len(qs.dims)))
-      bk[np.asarray(ks.dims)[:, None], np.arange(len(qs.dims))[None, :]] = P.T
-    else:
-      bq = np.zeros((d, len(ks.dims)))
-      bq[np.asarray(qs.dims)[:, None], np.arange(len(ks.dims))[None, :]] = P
-      bk = np.zeros((d, len(ks.dims)))
-      bk[ks.dims, np.arange(len(ks.dims))] = 1.0
-    blocks_q.append(bq)
-    blocks_k.append(bk)
-  one, bos = 0, 1
-  bq = np.zeros((d, 1))
-  bq[one, 0] = 1.0
-  bk = np.zeros((d, 1))
-  width = isinstance(e, rasp.SelectorWidth)
-  bk[bos, 0] = float(m) if width else m - 0.5
-  wq = np.concatenate(blocks_q + [bq], axis=1)
-  wk = np.concatenate(blocks_k + [bk], axis=1)
-  if width:
-    wv = np.zeros((d, 1))
-    wv[bos, 0] = 1.0
-    wo = np.zeros((1, d))
-    wo[0, scratch] = 1.0
-    return Head(e.label, wq, wk, wv, wo)
-  src, dst = res.spaces[e.sop.unique_id], res.spaces[e.unique_id]
-  if dst.encoding == "numerical":
-    wv = np.zeros((d, 1))
-    if src.encoding == "numerical":
-      wv[src.dims[0], 0] = 1.0
-    else:
-      for dim, v in zip(src.dims, src.values, strict=True):
-        wv[dim, 0] = 0.0 if v is None else float(v)
-    wv[bos, 0] = 0.0 if e.default is None else float(e.default)
-    wo = np.zeros((1, d))
-    wo[0, dst.dims[0]] = 1.0
-  else:
-    wv = np.zeros((d, len(dst.dims)))
-    for dim, v in zip(src.dims, src.values, strict=True):
-      enc = _encode(dst, v)
-      for j, val in enc.items():
-        wv[dim, dst.dims.index(j)] = val
-    if e.default is not None:
-      for j, val in _encode(dst, e.default).items():
-        wv[bos, dst.dims.index(j)] = val
-    wo = np.zeros((len(dst.dims), d))
-    wo[np.arange(len(dst.dims)), dst.dims] = 1.0
-  return Head(e.label, wq, wk, wv, wo)
-
-
-# ----------------------------------------------------------------------------- assembly
-
-
-@dataclasses.dataclass
-class LayerWeights:
-  heads: List[Head]
-  mlp: List[Tuple[np.ndarray, np.ndarray]]   # [(W [in, out], b [out])...]; last maps to d
-  attn_ops: List[str]
-  mlp_ops: List[str]
 
 
 def assemble_mlp(lanes: List[Lane], d: int, x_bos: Optional[np.ndarray] = None
@@ -900,150 +638,5 @@ def fuse_stages(lanes: List[Lane], x_bos: np.ndarray, nonneg: set) -> Lane:
   return comp
 
 
-def head_shape(e, res: Residual) -> Tuple[int, int]:
-  """``(dk, dv)`` of :func:`build_head`'s head for ``e``, from the residual layout alone."""
-  dk = 1 + sum(min(len(res.spaces[s.queries.unique_id].dims), len(res.spaces[s.keys.unique_id].dims))
-               for s in selects_of(e.selector))
-  if isinstance(e, rasp.SelectorWidth) or res.spaces[e.unique_id].encoding == "numerical":
-    return dk, 1
-  return dk, len(res.spaces[e.unique_id].dims)
-
-
-def estimate_params(d: int, heads: List[List[Tuple[int, int]]], lanes: List[List[Lane]]) -> int:
-  """The dense parameter count of the head arrays (``(dk, dv)`` per head, padded to the layer's
-  largest) and of :func:`assemble_mlp`'s MLPs over the lanes given so far (a lower bound while
-  lanes are still missing)."""
-  total = 0
-  for hs, ls in zip(heads, lanes, strict=True):
-    if hs:
-      dk = max(h[0] for h in hs)
-      dv = max(h[1] for h in hs)
-      total += len(hs) * (2 * d * dk + 2 * d * dv)
-    if ls and any(ln.stage for ln in ls):   # to be fused (fuse_stages): its first and last layers, at least
-      total += d * (sum(len(ln.layers[0]) for ln in ls if not ln.stage) + sum(len(ln.layers[-1]) for ln in ls))
-    elif ls:
-      depth = max(ln.depth for ln in ls)
-      widths = [sum(len(ln.layers[j]) if j < ln.depth else len(ln.layers[-1]) for ln in ls)
-                for j in range(depth)]
-      prev = d
-      for w in widths:
-        total += prev * w + w
-        prev = w
-      total += prev * d + d
-  return total
-
-
-def _check_size(est: int, d: int, max_params: Optional[int], done: bool) -> None:
-  if max_params is not None and est > max_params:
-    what = "" if done else "at least "
-    raise ValueError(f"the compiled model would have {what}{est:,} parameters (residual width {d}; "
-                     f"estimated before building), more than max_params={max_params:,}.")
-
-
-def build(nodes: Sequence[rasp.RASPExpr], output: rasp.SOp, vs: ValueSets, schedule: Schedule,
-          vocab: list, max_seq_len: int, max_params: Optional[int] = None):
-  """Residual, embeddings and per-layer weights of the compiled program."""
-  res = Residual()
-  res.add("one")
-  res.add("bos")
-  scratch: Dict[int, int] = {}
-  sops = [e for e in nodes if isinstance(e, rasp.SOp)]
-  for e in sops:
-    res.add_sop(e, None if rasp.is_numerical(e) else vs[e])
-    if isinstance(e, rasp.SelectorWidth):
-      scratch[e.unique_id] = res.add(f"{e.label}:1/(w+1)")
-  # the size, before any weight exists: heads from the residual layout, then the MLP lanes
-  # one by one (cheap unit lists; refused as soon as the count passes max_params)
-  L = schedule.num_layers
-  shapes: List[List[Tuple[int, int]]] = [[] for _ in range(L)]
-  for e in sops:
-    if kind(e) in ("attn", "width"):
-      slot = schedule.slot[e.unique_id] if kind(e) == "attn" else schedule.attn_slot[e.unique_id]
-      shapes[slot // 2].append(head_shape(e, res))
-  embed_size = (len(vocab) + 1 + max_seq_len + 1) * res.width
-  errors = ModelError(vs)
-  maybe = maybe_none(nodes, vs)
-  attn: List[List[Head]] = [[] for _ in range(L)]
-  lanes: List[List[Lane]] = [[] for _ in range(L)]
-  _check_size(estimate_params(res.width, shapes, lanes) + embed_size, res.width, max_params, False)
-  for e in sops:
-    k = kind(e)
-    if k in ("attn", "width", "mlp"):
-      _check_size(estimate_params(res.width, shapes, lanes) + embed_size, res.width, max_params, False)
-    if k == "attn":
-      layer = schedule.slot[e.unique_id] // 2
-      if e.default is not None and _encode(res.spaces[e.unique_id], e.default):
-        lanes[layer].append(cleanup_lane(e.label, res.spaces[e.unique_id], e.default))
-    elif k == "width":
-      layer = schedule.attn_slot[e.unique_id] // 2
-      lanes[layer].append(width_lane(e, scratch[e.unique_id], vs, res, max_seq_len))
-    elif k == "mlp":
-      layer = schedule.slot[e.unique_id] // 2
-      if isinstance(e, rasp.LinearSequenceMap) and rasp.is_numerical(e.fst) and \
-          rasp.is_numerical(e.snd) and rasp.is_numerical(e):
-        lanes[layer].append(linear_lane(e, res))
-        if any(c.unique_id in vs.rounding for c in (e.fst, e.snd)):
-          err = 0.0
-          for c, fac in ((e.fst, e.fst_fac), (e.snd, e.snd_fac)):
-            a, r = vs.rounding.get(c.unique_id, (0.0, 0.0))
-            err += abs(fac) * (a + r * float(np.max(np.abs(vs.numbers(c)))))
-          vs.rounding[e.unique_id] = (1.01 * err, 4 * 2.0 ** -53)
-      elif isinstance(e, rasp.SequenceMap):
-        def budget(n):  # the pair units' first and last weight matrices, at least
-          _check_size(estimate_params(res.width, shapes, lanes) + embed_size + 2 * res.width * n,
-                      res.width, max_params, False)
-        lanes[layer].append(affine_lane(e, vs, res, errors, maybe)
-                            or sequence_map_lane(e, vs, res, errors, budget))
-      else:
-        lanes[layer].append(map_lane(e, vs, res, errors))
-      lanes[layer][-1].stage = schedule.stage.get(e.unique_id, 0)
-  d = res.width
-  # the residual at BOS as each layer's MLP sees it: one, bos, every scratch dim written so
-  # far (the BOS query of a SelectorWidth head reads its own bos = 1), and the defaults the
-  # layer's Aggregates just wrote (cleaned up by this same MLP)
-  x_bos = np.zeros((L, d))
-  x_bos[:, :2] = 1.0
-  for e in sops:
-    k = kind(e)
-    if k == "width":
-      x_bos[schedule.attn_slot[e.unique_id] // 2:, scratch[e.unique_id]] = 1.0
-    elif k == "attn" and e.default is not None:
-      for dim, val in _encode(res.spaces[e.unique_id], e.default).items():
-        x_bos[schedule.slot[e.unique_id] // 2, dim] = val
-  mlp_ops = [[ln.label for ln in lanes[i]] for i in range(L)]
-  nonneg = {0, 1} | set(scratch.values()) | {sp.raises for sp in res.spaces.values() if sp.raises is not None}
-  nonneg |= {dim for sp in res.spaces.values() if sp.encoding == "categorical" for dim in sp.dims}
-  for i in range(L):
-    if any(ln.stage for ln in lanes[i]):
-      lanes[i] = [fuse_stages(lanes[i], x_bos[i], nonneg)]
-  _check_size(estimate_params(d, shapes, lanes) + (len(vocab) + 1 + max_seq_len + 1) * d, d, max_params, True)
-  # embeddings: tokens (vocab order, then BOS) and positions (0 = BOS, p = index p-1)
-  tok = np.zeros((len(vocab) + 1, d))
-  pos = np.zeros((max_seq_len + 1, d))
-  tok[:, 0] = 1.0
-  tok[len(vocab), 1] = 1.0
-  for e in sops:
-    sp = res.spaces[e.unique_id]
-    if isinstance(e, rasp.TokensType):
-      for t, v in enumerate(vocab):
-        for dim, val in _encode(sp, v).items():
-          tok[t, dim] = val
-    elif isinstance(e, rasp.IndicesType):
-      for p in range(max_seq_len):
-        for dim, val in _encode(sp, p).items():
-          pos[p + 1, dim] = val
-    elif isinstance(e, rasp.Full):
-      for dim, val in _encode(sp, e.fill).items():
-        tok[: len(vocab), dim] = val
-  for e in sops:
-    k = kind(e)
-    if k == "attn":
-      attn[schedule.slot[e.unique_id] // 2].append(build_head(e, res, d, None))
-    elif k == "width":
-      attn[schedule.attn_slot[e.unique_id] // 2].append(build_head(e, res, d, scratch[e.unique_id]))
-  layers = [LayerWeights(attn[i], assemble_mlp(lanes[i], d, x_bos[i]), [h.label for h in attn[i]], mlp_ops[i])
-            for i in range(L)]
-  return res, tok, pos, layers
-
-
-__all__ = ["Head", "LayerWeights", "Residual", "Space", "TIE_TOL", "build", "sort_values"]
+__all__ = ["Lane", "Unit", "affine_lane", "assemble_mlp", "check_rounding", "cleanup_lane", "fuse_stages",
+           "linear_lane", "map_lane", "sequence_map_lane", "width_lane"]
