@@ -16,7 +16,8 @@ arXiv:2506.18739 v2, §3 and the RASP model it compiles from): a residual stream
   and the non-zero columns of ``W_O``, so the description cannot drift from the weights.
 
 The position-wise layers come in three *restricted* kinds, each a piece of data run by one
-shared piece of code that can do nothing else (the universal simulator uses only these):
+shared piece of code that can do nothing else (the universal simulator and the constructions
+use only these; there is no free-form map of a position, which could compute anything):
 
 * :class:`LinearLayer` — ``x ← x + x M`` with a fixed matrix ``M [width, width]``
   (:class:`LinearWeights`, stored in :attr:`Program.weights` like the attention weights): what
@@ -29,12 +30,6 @@ shared piece of code that can do nothing else (the universal simulator uses only
 The coordinates a product or unary layer reads and writes are resolved into integer index
 arrays once (:attr:`Program.wiring`), so a test can check that every output coordinate reads
 exactly two (one) scalars.
-
-* :class:`PositionwiseLayer` — a named free-form function of one position's residual vector
-  (``jax.vmap`` over positions: it cannot see another position), the RASP ``map`` / ``zipmap``
-  of numerical sequences. It may read only the slots it declares (reading another raises).
-  Kept for :mod:`~jaxmem.simulator.constructions`; a free-form map can compute anything of one
-  position, so U does not use it.
 
 Every slot is written by at most one layer and input slots by none, so "adding to the
 residual" is the same as "writing a fresh slot" and each slot has one meaning
@@ -54,8 +49,8 @@ from jaxmem.arrays import device_array
 from jaxmem.kernels.ahat import ahat_sublayer
 
 __all__ = [
-    "AHATLayer", "AttentionWeights", "LayerInfo", "Layout", "LinearLayer", "LinearWeights", "PositionwiseLayer",
-    "ProductLayer", "Program", "SlotInfo", "UNARY_OPS", "UnaryLayer",
+    "AHATLayer", "AttentionWeights", "LayerInfo", "Layout", "LinearLayer", "LinearWeights", "ProductLayer",
+    "Program", "SlotInfo", "UNARY_OPS", "UnaryLayer",
 ]
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -130,8 +125,8 @@ class Layout:
 class LayerInfo(NamedTuple):
   """What one layer of a :class:`Program` is: ``kind`` is ``"ahat"`` (attention with fixed
   weights, ``num_heads`` heads of key width ``key_dim`` and value width ``value_dim``),
-  ``"linear"``, ``"product"``, ``"unary"`` (``op`` names the map) or ``"positionwise"`` (a
-  free-form map); ``num_heads == 0`` for all but ``"ahat"``."""
+  ``"linear"``, ``"product"`` or ``"unary"`` (``op`` names the map); ``num_heads == 0`` for all
+  but ``"ahat"``."""
   name: str
   kind: str
   num_heads: int
@@ -182,16 +177,6 @@ class UnaryLayer:
   def __post_init__(self):
     if self.op not in UNARY_OPS:
       raise ValueError(f"`op` must be one of {sorted(UNARY_OPS)}, got {self.op!r}.")
-
-
-@dataclasses.dataclass(frozen=True)
-class PositionwiseLayer:
-  """``fn(view) -> {slot: array}``; ``view[name]`` is that slot of ONE position's residual."""
-  name: str
-  fn: Callable[["_SlotView"], Mapping[str, jax.Array]]
-  reads: tuple[str, ...]
-  writes: tuple[str, ...]
-  computes: str
 
 
 class AttentionWeights:
@@ -261,18 +246,6 @@ class LinearWeights:
 
   def arrays(self) -> dict[str, np.ndarray]:
     return {"w": self.w}
-
-
-class _SlotView:
-  """One position's residual vector, readable by slot name (only the declared slots)."""
-
-  def __init__(self, layout: Layout, row: jax.Array, allowed: Sequence[str], layer: str):
-    self._layout, self._row, self._allowed, self._layer = layout, row, set(allowed), layer
-
-  def __getitem__(self, name: str) -> jax.Array:
-    if name not in self._allowed:
-      raise KeyError(f"position-wise layer {self._layer!r} reads slot {name!r} it did not declare")
-    return self._row[self._layout.slice(name)]
 
 
 def _resolve_elementwise(layout: Layout, layer) -> dict[str, np.ndarray]:
@@ -345,9 +318,6 @@ class Program:
         writes = tuple(dict.fromkeys(t[0] for t in layer.terms))
         kind, op = ("product", "") if isinstance(layer, ProductLayer) else ("unary", layer.op)
         infos.append(LayerInfo(layer.name, kind, 0, 0, 0, reads, writes, layer.computes, op))
-      elif isinstance(layer, PositionwiseLayer):
-        reads, writes = tuple(layer.reads), tuple(layer.writes)
-        infos.append(LayerInfo(layer.name, "positionwise", 0, 0, 0, reads, writes, layer.computes))
       else:
         raise TypeError(f"not a layer: {layer!r}")
       missing = [r for r in reads if r not in written]
@@ -368,8 +338,8 @@ class Program:
 
   @property
   def num_params(self) -> int:
-    """Entries of all fixed weight matrices (attention and linear layers; products, unary maps
-    and free-form maps have none)."""
+    """Entries of all fixed weight matrices (attention and linear layers; products and unary
+    maps have none)."""
     return sum(int(a.size) for w in self.weights.values() for a in w.values())
 
   @property
@@ -424,11 +394,9 @@ class Program:
       elif isinstance(layer, ProductLayer):
         wire = self.wiring[layer.name]
         x = x.at[..., wire["out"]].add(x[..., wire["a"]] * x[..., wire["b"]])
-      elif isinstance(layer, UnaryLayer):
+      else:   # UnaryLayer (Program.__init__ admits nothing else)
         wire = self.wiring[layer.name]
         x = x.at[..., wire["out"]].add(UNARY_OPS[layer.op](x[..., wire["a"]]))
-      else:
-        x = x + self._positionwise(layer, x)
       if keep is not None:
         x = jnp.where(keep, x, 0.0)
     return x
@@ -441,26 +409,10 @@ class Program:
                               jnp.reshape(w["wo"], (H, dv, W)), mask_BS=mask, tol=layer.tol)
     return update
 
-  def _positionwise(self, layer: PositionwiseLayer, x):
-    layout = self.layout
-
-    def one(row):  # one position's residual [width] -> its update [width]
-      out = layer.fn(_SlotView(layout, row, layer.reads, layer.name))
-      if set(out) != set(layer.writes):
-        raise ValueError(f"position-wise layer {layer.name!r} wrote {sorted(out)}, declared {layer.writes}")
-      delta = jnp.zeros_like(row)
-      for name, val in out.items():
-        s = layout[name]
-        delta = delta.at[s.start:s.start + s.size].set(jnp.asarray(val, row.dtype).reshape(s.size))
-      return delta
-
-    return jax.vmap(jax.vmap(one))(x)
-
   def describe(self) -> str:
     lines = ["| # | layer | kind | heads | d_k | d_v | reads | writes | computes |",
              "|---|---|---|---|---|---|---|---|---|"]
-    names = {"ahat": "AHAT (fixed weights)", "linear": "linear (fixed matrix)", "product": "product a·b",
-             "positionwise": "position-wise (free map)"}
+    names = {"ahat": "AHAT (fixed weights)", "linear": "linear (fixed matrix)", "product": "product a·b"}
     for n, i in enumerate(self.infos, 1):
       kind = names.get(i.kind, i.op)
       heads = str(i.num_heads) if i.kind == "ahat" else "–"

@@ -4,7 +4,11 @@ programs, against jnp on odd shapes.
 Each shape is a separate program (and XLA compilation), so each construction runs on a few
 canonical awkward shapes: a wide matrix (3×5), a tall one (5×2), a single row (1×6, shared with
 the vector form), a single entry (1×1, transpose), a square one (transpose, the ties); for the
-product the generic chain 3×5·5×2, a dot product (1×4·4×1) and an outer product (2×1·1×6)."""
+product the generic chain 3×5·5×2, a dot product (1×4·4×1) and an outer product (2×1·1×6).
+
+Every program is also held to U's structure check (``tests/simulator/structure.py``: AHAT and the
+restricted position-wise kinds only, every sum an AHAT aggregation); building a program compiles
+nothing, so that check covers more shapes (1×1 everywhere) than the value tests."""
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +16,7 @@ import numpy as np
 import pytest
 
 from jaxmem.simulator import constructions as C
+from tests.simulator.structure import assert_attention_does_the_work
 
 SHAPES = [(3, 5), (5, 2), (1, 1)]
 ROW_SHAPES = [(3, 5), (5, 2), (1, 6)]   # row-wise programs; (1, 6) is also the vector tests' program
@@ -24,6 +29,20 @@ def rand(shape, seed=0, scale=1.0):
 
 def kinds(prog):
   return [(i.kind, i.num_heads) for i in prog.infos]
+
+
+def test_every_construction_is_attention_and_restricted_layers_only():
+  programs = {"transpose": [C.transpose_program(r, c) for r, c in ((1, 1), (3, 5), (5, 2), (3, 3))],
+              "matmul": [C.matmul_program(*s) for s in ((1, 1, 1), (3, 5, 2), (1, 4, 1), (2, 1, 6))],
+              "maxmin": [C.maxmin_program(r, c) for r, c in ((1, 1), (3, 5), (5, 2), (1, 6))],
+              "softmax": [C.softmax_program(r, c) for r, c in ((1, 1), (3, 5), (5, 2), (1, 6))],
+              "relu": [C.relu_program(n) for n in (1, 15)], "det_inv3": [C.det_inv3_program()]}
+  heads = {"transpose": 1, "matmul": 3, "maxmin": 4, "softmax": 3, "relu": 0, "det_inv3": 6}
+  for name, progs in programs.items():
+    for prog in progs:
+      assert_attention_does_the_work(prog)
+      assert prog.num_heads == heads[name], name   # independent of the shape
+      assert {i.kind for i in prog.infos} <= {"ahat", "linear", "product", "unary"}, name
 
 
 @pytest.mark.parametrize("shape", SHAPES + [(3, 3)])
@@ -40,7 +59,7 @@ def test_matmul(r, m, c):
   A, B = rand((r, m), 1), rand((m, c), 2)
   ref = jnp.matmul(A, B, precision="highest")
   np.testing.assert_allclose(C.matmul(A, B), ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
-  assert kinds(C.matmul_program(r, m, c)) == [("ahat", 2 * m), ("positionwise", 0)]
+  assert kinds(C.matmul_program(r, m, c)) == [("ahat", 2), ("product", 0), ("ahat", 1)]
 
 
 def test_matmul_integers_exact():
@@ -58,10 +77,9 @@ def test_softmax(shape, scale):
   got = C.softmax(A)
   assert np.all(np.isfinite(np.asarray(got)))
   np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-7)
-  r = shape[0]
-  assert kinds(C.softmax_program(*shape)) == [("ahat", 1), ("positionwise", 0), ("ahat", r),
-                                              ("positionwise", 0), ("positionwise", 0), ("ahat", 1),
-                                              ("positionwise", 0)]
+  assert kinds(C.softmax_program(*shape)) == [("ahat", 1), ("unary", 0), ("linear", 0), ("product", 0),
+                                              ("ahat", 1), ("linear", 0), ("unary", 0), ("ahat", 1),
+                                              ("unary", 0), ("product", 0)]
 
 
 def test_softmax_vector():
@@ -75,9 +93,8 @@ def test_maxmin(shape):
   mx, mn = C.maxmin(A)
   np.testing.assert_array_equal(mx, A.max(axis=1))
   np.testing.assert_array_equal(mn, A.min(axis=1))
-  r = shape[0]
-  assert kinds(C.maxmin_program(*shape)) == [("ahat", 2), ("positionwise", 0), ("ahat", 2 * r),
-                                             ("positionwise", 0)]
+  assert kinds(C.maxmin_program(*shape)) == [("ahat", 2), ("unary", 0), ("linear", 0), ("product", 0),
+                                             ("ahat", 2)]
 
 
 def test_maxmin_ties_and_rows_at_the_global_extremes():
@@ -95,6 +112,7 @@ def test_maxmin_ties_and_rows_at_the_global_extremes():
 def test_relu(shape):
   A = rand(shape, 6)
   np.testing.assert_array_equal(C.relu(A), np.maximum(A, 0))
+  assert kinds(C.relu_program(A.size)) == [("unary", 0)]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -103,7 +121,8 @@ def test_det3_inv3(seed):
   np.testing.assert_allclose(C.det3(A), jnp.linalg.det(A), rtol=1e-5)
   ref = jnp.linalg.inv(A)
   np.testing.assert_allclose(C.inv3(A), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
-  assert kinds(C.det_inv3_program()) == [("ahat", 4), ("positionwise", 0), ("ahat", 2), ("positionwise", 0)]
+  assert kinds(C.det_inv3_program()) == [("ahat", 4), ("product", 0), ("linear", 0), ("product", 0),
+                                         ("ahat", 2), ("unary", 0), ("product", 0)]
 
 
 def test_det3_inv3_integer_matrix():

@@ -1,8 +1,10 @@
-"""The residual-stream machine: layers' reads/writes come from the weights, slots are written once,
-position-wise maps see one position and only the slots they declare, padding is invisible; the restricted
-position-wise kinds (linear, product, unary) compute exactly what their data says."""
+"""The residual-stream machine: layers' reads/writes come from the weights, slots are written once, padding is
+invisible, and only the four kinds of layer exist; the restricted position-wise kinds (linear, product, unary)
+compute exactly what their data says."""
 
-import jax.numpy as jnp
+import dataclasses
+from typing import Callable
+
 import numpy as np
 import pytest
 
@@ -12,7 +14,6 @@ from jaxmem.simulator.machine import (
   Layout,
   LinearLayer,
   LinearWeights,
-  PositionwiseLayer,
   ProductLayer,
   Program,
   UnaryLayer,
@@ -34,9 +35,11 @@ def max_program(L):
   w.key(0, "a", [[1.0]])
   w.value(0, "a", [[1.0]])
   w.output(0, "m", [[1.0]])
-  layers = [AHATLayer("max", 1, 1, 1, "argmax of a, mean of a"),
-            PositionwiseLayer("sub", lambda v: {"y": v["a"] - v["m"]}, ("a", "m"), ("y",), "a - m")]
-  return Program(L, layers, {"max": w})
+  sub = LinearWeights(L)
+  sub.add("y", "a", 1.0)
+  sub.add("y", "m", -1.0)
+  layers = [AHATLayer("max", 1, 1, 1, "argmax of a, mean of a"), LinearLayer("sub", "a - m")]
+  return Program(L, layers, {"max": w, "sub": sub})
 
 
 def test_program_runs_and_describes_itself():
@@ -48,7 +51,7 @@ def test_program_runs_and_describes_itself():
   np.testing.assert_array_equal(prog.read(out, "y")[:, 0], a[:, 0] - 4.0)
   info = prog.infos[0]
   assert (info.kind, info.num_heads, info.reads, info.writes) == ("ahat", 1, ("a", "one"), ("m",))
-  assert prog.num_heads == 1 and prog.num_params == 3 * 4 + 4 and prog.num_nonzero == 4
+  assert prog.num_heads == 1 and prog.num_params == 3 * 4 + 4 + 4 * 4 and prog.num_nonzero == 4 + 2
   assert "| 1 | `max` | AHAT (fixed weights) | 1 |" in prog.describe()
   assert "| `a` | 0..0 | 1 | yes |" in L.table()
 
@@ -64,10 +67,10 @@ def test_padding_is_invisible():
 def test_program_rejects_bad_structure():
   L = small_layout()
   with pytest.raises(ValueError, match="already input or written"):
-    Program(L, [PositionwiseLayer("bad", lambda v: {"a": v["one"]}, ("one",), ("a",), "")], {})
+    Program(L, [UnaryLayer("bad", "relu", (("a", "one"),), "")], {})
   with pytest.raises(ValueError, match="before any layer writes them"):
-    Program(L, [PositionwiseLayer("early", lambda v: {"y": v["m"]}, ("m",), ("y",), "")], {})
-  twice = [PositionwiseLayer(n, lambda v: {"m": v["a"]}, ("a",), ("m",), "") for n in ("p", "q")]
+    Program(L, [UnaryLayer("early", "relu", (("y", "m"),), "")], {})
+  twice = [UnaryLayer(n, "relu", (("m", "a"),), "") for n in ("p", "q")]
   with pytest.raises(ValueError, match="already input or written"):
     Program(L, twice, {})
   with pytest.raises(ValueError, match="does not fit"):
@@ -76,12 +79,20 @@ def test_program_rejects_bad_structure():
     L.add("a", 1, "again")
 
 
-def test_positionwise_map_cannot_read_undeclared_slots():
+def test_program_admits_only_the_four_kinds():
+  """A free-form map of a position (what the constructions used before they were held to U's accounting) can
+  compute anything of that position, sums included: the machine has no such layer and refuses one."""
+
+  @dataclasses.dataclass(frozen=True)
+  class FreeMap:
+    name: str
+    fn: Callable
+    reads: tuple
+    writes: tuple
+
   L = small_layout()
-  sneaky = PositionwiseLayer("sneaky", lambda v: {"m": v["a"] + v["one"]}, ("a",), ("m",), "")
-  prog = Program(L, [sneaky], {})
-  with pytest.raises(KeyError, match="did not declare"):
-    prog.run(jnp.zeros((2, L.width)))
+  with pytest.raises(TypeError, match="not a layer"):
+    Program(L, [FreeMap("sneaky", lambda v: {"m": v["a"] + v["one"]}, ("a", "one"), ("m",))], {})
 
 
 def test_restricted_positionwise_layers():

@@ -6,6 +6,7 @@ Three programs are compiled here (attention with 1 and 2 heads, the encoder); ev
 """
 
 from types import SimpleNamespace
+from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -26,16 +27,14 @@ from jaxmem.simulator import (
 )
 from jaxmem.simulator import machine as machine_mod
 from jaxmem.simulator.machine import (
-  UNARY_OPS,
   AHATLayer,
   AttentionWeights,
   LinearLayer,
   LinearWeights,
-  PositionwiseLayer,
-  ProductLayer,
   Program,
   UnaryLayer,
 )
+from tests.simulator.structure import assert_attention_does_the_work
 
 MAX_LEN, D, DH, F = 4, 3, 2, 3   # every length 1..4; D odd and != D_h
 DH1 = 3   # the one-head simulator's D_h: not a power of two, so a mean of D_h equal scores can round
@@ -74,40 +73,6 @@ def rel_err(got, ref):
 # -- the structure: attention does the work --------------------------------------------------------
 
 
-RESTRICTED = (AHATLayer, LinearLayer, ProductLayer, UnaryLayer)
-
-
-def assert_attention_does_the_work(program):
-  """Fails unless every layer is AHAT with fixed weights or one of the restricted position-wise kinds:
-
-  * product: every output coordinate is ``a·b`` of exactly two coordinates; unary: ``op(a)`` of one, ``op``
-    in exp / reciprocal / relu — the elementwise maps of one or two scalars;
-  * linear: a fixed matrix none of whose output coordinates reads more than two coordinates, so no sum over
-    a matrix dimension hides in a linear map;
-  * AHAT: ``tol = 0``; every value coordinate reads one residual coordinate and every residual coordinate is
-    written from one value coordinate (``W_V``, ``W_O`` at most one non-zero per column): attention routes
-    values with a fixed scale, and the only sum it does is its average over the selected positions."""
-  for layer in program.layers:
-    assert type(layer) in RESTRICTED, f"{layer.name!r} is a {type(layer).__name__}, not a restricted kind"
-    if isinstance(layer, (ProductLayer, UnaryLayer)):
-      wire = program.wiring[layer.name]
-      operands = ("a", "b") if isinstance(layer, ProductLayer) else ("a",)
-      assert set(wire) == {"out", *operands}, layer.name
-      assert all(wire[k].shape == wire["out"].shape for k in operands), layer.name
-      assert len(np.unique(wire["out"])) == len(wire["out"]), layer.name
-      if isinstance(layer, UnaryLayer):
-        assert layer.op in UNARY_OPS, layer.name
-    elif isinstance(layer, LinearLayer):
-      m = np.asarray(program.weights[layer.name]["w"])
-      assert m.shape == (program.layout.width,) * 2
-      assert np.count_nonzero(m, axis=0).max() <= 2, f"{layer.name!r}: an output reads more than two coords"
-    else:
-      assert layer.tol == 0.0, layer.name
-      w = {k: np.asarray(a) for k, a in program.weights[layer.name].items()}
-      assert np.count_nonzero(w["wv"], axis=0).max() <= 1, f"{layer.name!r}: a value sums coordinates"
-      assert np.count_nonzero(w["wo"], axis=0).max() <= 1, f"{layer.name!r}: an output sums value coordinates"
-
-
 @pytest.fixture(scope="module")
 def sims():
   return {"H1": build_simulator(MAX_LEN, D, 1, DH1), "H2": build_simulator(MAX_LEN, D, 2, DH),
@@ -121,18 +86,39 @@ def test_u_is_attention_and_restricted_positionwise_layers_only(sims):
 
 
 def test_the_structure_check_rejects_the_old_design(sims):
-  """Mutants of U: the old design's free-form `mix` map in place of the AHAT sum over heads; a linear map that
-  sums a slot's coordinates; an AHAT value that sums coordinates. Each is a valid Program, and each fails."""
+  """The old design summed inside free-form maps of a position (the old U's `mix`: a whole output projection
+  at one position); the machine no longer has such a layer and refuses one. Mutants of U it can express:
+  its attention-only equivalent, `mix` gathering each of the H·D_h products of X cell (i, d) with a head of
+  its own and summing them in W_O (the old matmul's gather-then-`dot`), in place of the AHAT sum over
+  heads; a linear map that sums a slot's coordinates; an AHAT value that sums coordinates. Each is a valid
+  Program, and each fails the structure check."""
   prog = sims["H2"].program
+  U = prog.layout
   H, Dh = 2, DH
 
-  def mix(r):   # the old U's last map: a whole output projection at one position
-    return {"att": r["a_att"] * H * Dh}
+  class FreeMap(NamedTuple):   # the old design's layer: any function of one position's residual
+    name: str
+    fn: Callable
 
-  old_mix = PositionwiseLayer("mix", mix, ("a_att",), ("att",), "att = Σ_h,e o wo")
-  layers = [old_mix if layer.name == "sum_over_heads" else layer for layer in prog.layers]
-  with pytest.raises(AssertionError, match="'mix' is a PositionwiseLayer"):
-    assert_attention_does_the_work(Program(prog.layout, layers, _builders(prog)))
+  with pytest.raises(TypeError, match="not a layer"):
+    Program(U, [FreeMap("mix", lambda r: {"att": r["a_att"] * H * Dh})], {})
+
+  N = U["X.i"].size
+  mix = AttentionWeights(U, H * Dh, N + D + 2, 1)
+  for n, (h, e) in enumerate(np.ndindex(H, Dh)):   # head (h, e) selects A (i, d, h, e): score 4 there only
+    mix.query(n, "X.i", np.eye(N))
+    mix.query(n, "X.d", np.eye(D), key_start=N)
+    mix.key(n, "A.i", np.eye(N))
+    mix.key(n, "A.d", np.eye(D), key_start=N)
+    for col, (tag, idx) in enumerate((("A.h", h), ("A.e", e)), N + D):
+      mix.query(n, "one", [[1.0]], key_start=col)
+      mix.key(n, tag, [[1.0]], key_start=col, slot_start=idx)
+    mix.value(n, "a_att", [[1.0]])
+    mix.output(n, "att", [[1.0]])   # att = Σ_h,e o wo: the sum is in W_O
+  layers = [AHATLayer("mix", H * Dh, N + D + 2, 1, "att = Σ_h,e o wo") if layer.name == "sum_over_heads"
+            else layer for layer in prog.layers]
+  with pytest.raises(AssertionError, match="'mix': an output sums value coordinates"):
+    assert_attention_does_the_work(Program(U, layers, _builders(prog) | {"mix": mix}))
 
   L = machine_mod.Layout()
   L.add("v", 3, "input", is_input=True)
