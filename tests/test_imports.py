@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "jaxmem"
 LAYERS = (
     ("checks", "arrays", "sharding", "distributed", "results"),   # shared helpers
     ("kernels", "data"),                                          # pure arithmetic; byte corpora
-    ("models", "ops"),                                            # modules; fla's op surface
+    ("models", "ops", "machine"),                                 # modules; fla's op surface; AHAT programs
     ("config_files",),                                            # config files (they name model configs)
     ("train", "tasks", "rasp", "simulator", "decode"),    # loop; generators; compiler; simulator; sampling
     ("experiments", "bench"),                                     # glue: results and benchmarks

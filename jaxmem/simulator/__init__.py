@@ -13,10 +13,11 @@ the input layout, sizes and measured errors.
 * :func:`error_table` — U's measured error against the direct computation.
 * :mod:`~jaxmem.simulator.constructions` — the paper's exact building blocks (transpose,
   matrix product, softmax, ReLU, MaxMin, 3×3 determinant and inverse) as AHAT programs.
-* :mod:`~jaxmem.simulator.machine` — the residual-stream machine both are written in.
+* :mod:`~jaxmem.machine` — the residual-stream machine both are written in.
 """
 
-from jaxmem.simulator import constructions, machine
+from jaxmem import machine  # the machine U is written in (shared with the RASP compiler)
+from jaxmem.simulator import constructions
 from jaxmem.simulator.reference import (
     AttentionParams,
     EncoderParams,

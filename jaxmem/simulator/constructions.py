@@ -3,7 +3,7 @@
 Dutta, Chakrabarty, Ansari & Das, "On the Existence of Universal Simulators of Attention"
 (arXiv:2506.18739 v2), §4: transpose (Lemma 3), softmax (Lemma 4), matrix product (Lemma 5),
 ReLU, MaxMin and the 3×3 determinant and inverse, each as a short stack of layers. Every
-function here builds a :class:`~jaxmem.simulator.machine.Program` from the *shape* of its
+function here builds a :class:`~jaxmem.machine.Program` from the *shape* of its
 input only (cached; ``*_program`` exposes it), lays the matrix out as a sequence — one entry
 per position, with one-hot row/column *tags* as the positional encoding (a fixed function of
 the position index, like RASP's ``indices``) — and runs it. These are jaxmem's own
@@ -11,7 +11,7 @@ constructions written from the paper's statements (not its proofs verbatim); eac
 lists its layers.
 
 They are held to the universal simulator's accounting: every layer is one of the restricted
-kinds of :mod:`~jaxmem.simulator.machine` — AHAT with fixed ``W_Q, W_K, W_V, W_O`` (a call
+kinds of :mod:`~jaxmem.machine` — AHAT with fixed ``W_Q, W_K, W_V, W_O`` (a call
 to :func:`jaxmem.kernels.ahat.ahat_attention`, ``tol = 0``), ``LinearLayer`` (a fixed matrix,
 at most two terms per output coordinate), ``ProductLayer`` (``a·b`` of two coordinates),
 ``UnaryLayer`` (``exp``, ``reciprocal``, ``relu`` of one coordinate). Every sum over entries
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem.simulator.machine import (
+from jaxmem.machine import (
   AHATLayer,
   AttentionWeights,
   Layout,

@@ -14,7 +14,7 @@ sequence and outputs ``T(X)``. This module's own design, written from the paper'
 each scalar product sits at its own position, and one head averages the products selected by
 one-hot tags, the fixed ``W_O`` multiplying the mean by the (fixed) count. The row maxima of
 the softmax are AHAT argmaxes of a data key (as ``constructions.maxmin``). The position-wise
-layers are only the restricted kinds of :mod:`~jaxmem.simulator.machine`: ``ProductLayer``
+layers are only the restricted kinds of :mod:`~jaxmem.machine`: ``ProductLayer``
 (``a·b`` of two coordinates), ``UnaryLayer`` (``exp``, ``reciprocal``, ``relu`` of one
 coordinate) and ``LinearLayer`` (a fixed matrix, here never more than two terms per output).
 
@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmem.checks import check_positive_int
-from jaxmem.simulator.machine import (
+from jaxmem.machine import (
   AHATLayer,
   AttentionWeights,
   LayerInfo,
@@ -88,7 +88,7 @@ class SimulatorLayout(NamedTuple):
   """How ``T`` and ``X`` sit in U's input sequence.
 
   ``positions``: one ``(cell type, count, what its positions hold)`` per cell type, in sequence
-  order; ``slots``: the residual stream's slots (:class:`jaxmem.simulator.machine.SlotInfo`:
+  order; ``slots``: the residual stream's slots (:class:`jaxmem.machine.SlotInfo`:
   name, start, size, is_input, meaning); ``params``: for each of T's matrices, ``(slot, cell
   type, axes)``: the entry ``T.f[axes]`` of the cell with those indices (``wo`` and ``w2`` are
   read transposed: ``("T.wo", "W", "h e d")`` puts ``wo[h, e, d]`` at cell ``(h, d, e)``);
@@ -389,7 +389,7 @@ class Simulator:
   Built by :func:`build_simulator` from sizes only. ``weights`` (the fixed matrices:
   ``{layer: {"wq", "wk", "wv", "wo"}}`` for AHAT layers, ``{layer: {"w"}}`` for linear ones),
   ``wiring`` (the coordinates each product / unary layer reads and writes), ``layers`` (one
-  :class:`~jaxmem.simulator.machine.LayerInfo` per layer), ``num_heads`` (AHAT heads of U in
+  :class:`~jaxmem.machine.LayerInfo` per layer), ``num_heads`` (AHAT heads of U in
   all), ``heads_per_layer``, ``num_params`` (entries of the fixed matrices), ``num_nonzero``,
   ``width`` (residual width), ``sequence_length(n)`` (positions for ``X [n, D]``),
   ``layout`` (:class:`SimulatorLayout`), ``encode(params, X)`` → U's input sequence

@@ -3,7 +3,7 @@ weights and the restricted position-wise kinds, and no layer but an AHAT aggrega
 
 import numpy as np
 
-from jaxmem.simulator.machine import UNARY_OPS, AHATLayer, LinearLayer, ProductLayer, UnaryLayer
+from jaxmem.machine import UNARY_OPS, AHATLayer, LinearLayer, ProductLayer, UnaryLayer
 
 RESTRICTED = (AHATLayer, LinearLayer, ProductLayer, UnaryLayer)
 

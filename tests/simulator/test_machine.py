@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from jaxmem.simulator.machine import (
+from jaxmem.machine import (
   AHATLayer,
   AttentionWeights,
   Layout,
@@ -73,6 +73,9 @@ def test_program_rejects_bad_structure():
   twice = [UnaryLayer(n, "relu", (("m", "a"),), "") for n in ("p", "q")]
   with pytest.raises(ValueError, match="already input or written"):
     Program(L, twice, {})
+  Program(L, twice, {}, single_assignment=False)   # a compiled RASP model adds to a slot twice
+  with pytest.raises(ValueError, match="before any layer writes them"):
+    Program(L, [UnaryLayer("early", "relu", (("y", "m"),), "")], {}, single_assignment=False)
   with pytest.raises(ValueError, match="does not fit"):
     AttentionWeights(L, 1, 1, 1).query(0, "a", np.eye(2))
   with pytest.raises(ValueError, match="defined twice"):

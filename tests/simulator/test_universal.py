@@ -13,6 +13,14 @@ import numpy as np
 import pytest
 
 from jaxmem.kernels import ahat as ahat_kernels
+from jaxmem.machine import (
+  AHATLayer,
+  AttentionWeights,
+  LinearLayer,
+  LinearWeights,
+  Program,
+  UnaryLayer,
+)
 from jaxmem.simulator import (
   AttentionParams,
   EncoderParams,
@@ -26,14 +34,6 @@ from jaxmem.simulator import (
   universal,
 )
 from jaxmem.simulator import machine as machine_mod
-from jaxmem.simulator.machine import (
-  AHATLayer,
-  AttentionWeights,
-  LinearLayer,
-  LinearWeights,
-  Program,
-  UnaryLayer,
-)
 from tests.simulator.structure import assert_attention_does_the_work
 
 MAX_LEN, D, DH, F = 4, 3, 2, 3   # every length 1..4; D odd and != D_h

@@ -1,4 +1,6 @@
-"""The residual-stream machine that the simulator and the exact constructions are written in.
+"""The residual-stream machine of AHAT programs: the universal simulator U and the exact constructions
+(:mod:`jaxmem.simulator`) are written in it, and the RASP compiler's models run on it
+(:mod:`jaxmem.rasp.model_to_machine`).
 
 A :class:`Program` is what the paper calls a transformer built from AHAT encoder layers
 (Dutta, Chakrabarty, Ansari & Das, "On the Existence of Universal Simulators of Attention",
@@ -33,7 +35,10 @@ exactly two (one) scalars.
 
 Every slot is written by at most one layer and input slots by none, so "adding to the
 residual" is the same as "writing a fresh slot" and each slot has one meaning
-(:meth:`Layout.table` documents them). Arithmetic is float32 with ``precision="highest"``.
+(:meth:`Layout.table` documents them). A program built with ``single_assignment=False`` may
+add to a slot again (a compiled RASP model's MLP removes the default its head wrote at BOS:
+:func:`jaxmem.rasp.model_to_machine.to_machine` runs compiled models on this machine). Arithmetic is
+float32 with ``precision="highest"``.
 """
 
 from __future__ import annotations
@@ -140,12 +145,15 @@ class LayerInfo(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class AHATLayer:
+  """``causal``: each query sees only the positions at or before it (a compiled causal RASP model's
+  heads); U and the constructions see every position."""
   name: str
   num_heads: int
   key_dim: int
   value_dim: int
   computes: str
   tol: float = 0.0
+  causal: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,8 +292,9 @@ class Program:
   (or ``[P, width]`` → ``[P, width]``)."""
 
   def __init__(self, layout: Layout, layers: Sequence,
-               weights: Mapping[str, "AttentionWeights | LinearWeights"]):
+               weights: Mapping[str, "AttentionWeights | LinearWeights"], *, single_assignment: bool = True):
     self.layout = layout
+    self.single_assignment = single_assignment
     self.layers = tuple(layers)
     self.weights = {}
     self.wiring: dict[str, dict[str, np.ndarray]] = {}
@@ -324,7 +333,7 @@ class Program:
       if missing:
         raise ValueError(f"layer {layer.name!r} reads {missing} before any layer writes them")
       clash = [s for s in writes if s in written or s in seen_out]
-      if clash:
+      if clash and single_assignment:
         raise ValueError(f"layer {layer.name!r} writes {clash}, already input or written")
       seen_out.update(writes)
       written.update(writes)
@@ -406,7 +415,8 @@ class Program:
     H, dk, dv = layer.num_heads, layer.key_dim, layer.value_dim
     per_head = lambda m, d: jnp.transpose(jnp.reshape(m, (W, H, d)), (1, 0, 2))   # [W, H·d] -> [H, W, d]
     update, _ = ahat_sublayer(x, per_head(w["wq"], dk), per_head(w["wk"], dk), per_head(w["wv"], dv),
-                              jnp.reshape(w["wo"], (H, dv, W)), mask_BS=mask, tol=layer.tol)
+                              jnp.reshape(w["wo"], (H, dv, W)), mask_BS=mask, tol=layer.tol,
+                              causal=layer.causal)
     return update
 
   def describe(self) -> str:
