@@ -287,9 +287,11 @@ def _slots_touched(layout: Layout, nonzero_coords: np.ndarray) -> tuple[str, ...
 
 
 class Program:
-  """A residual stream ``layout`` and its ``layers``; ``weights[name]`` holds each AHAT
-  layer's fixed ``wq, wk, wv, wo``. :meth:`run` maps ``[B, P, width]`` → ``[B, P, width]``
-  (or ``[P, width]`` → ``[P, width]``)."""
+  """A residual stream ``layout`` and its ``layers``; ``weights[name]`` is each AHAT layer's
+  :class:`AttentionWeights` (fixed ``wq, wk, wv, wo``) and each linear layer's
+  :class:`LinearWeights` (``w``). :meth:`run` maps ``[B, P, width]`` → ``[B, P, width]``
+  (or ``[P, width]`` → ``[P, width]``). ``single_assignment`` (the default): no layer writes a
+  slot that is an input or that an earlier layer wrote."""
 
   def __init__(self, layout: Layout, layers: Sequence,
                weights: Mapping[str, "AttentionWeights | LinearWeights"], *, single_assignment: bool = True):
@@ -301,6 +303,8 @@ class Program:
     infos, written = [], {s.name for s in layout.slots if s.is_input}
     seen_out: set[str] = set()
     for layer in self.layers:
+      if isinstance(layer, (AHATLayer, LinearLayer)) and layer.name not in weights:
+        raise ValueError(f"`weights` has no entry for layer {layer.name!r}.")
       if isinstance(layer, AHATLayer):
         w = weights[layer.name]
         if (w.H, w.dk, w.dv) != (layer.num_heads, layer.key_dim, layer.value_dim):

@@ -21,7 +21,8 @@ float32: exact for integers below 2**24 divided by the count, else one rounding 
 
 Masking: ``causal=True`` lets query ``i`` see keys ``j <= i`` (self-attention, ``T == S``);
 ``mask_BS`` (True = a real key) removes padded keys. Hidden keys score ``−inf`` and are excluded by a
-visibility test, so every visible key, whatever its score (``−inf`` included), outranks them. A query that
+visibility test, so every visible key, whatever its score (``−inf`` included), outranks them (in the soft
+limit, every finite score: see :func:`soft_weights`). A query that
 sees no key at all (possible only through ``mask_BS``, or a negative ``q_offset``) returns zeros. A NaN among
 a query's visible scores makes its output (and weights) NaN: it propagates, as in softmax attention, instead
 of turning into a silent zero.
@@ -97,8 +98,10 @@ def ahat_weights(scores_TS: jax.Array, visible_TS: jax.Array, tol: float = 0.0) 
 
 
 def soft_weights(scores_TS: jax.Array, visible_TS: jax.Array, beta: float) -> jax.Array:
-  """``softmax(β·s)`` over the visible keys (hidden keys are ``−inf``: any visible score outweighs them); rows
-  with no visible key are all zero; a NaN visible score makes its row NaN."""
+  """``softmax(β·s)`` over the visible keys (hidden keys are ``−inf``: any finite visible score outweighs them);
+  rows with no visible key are all zero; a NaN visible score makes its row NaN, and so does a row whose visible
+  scores are all ``−inf`` or hold ``+inf`` (``softmax`` is undefined there, as in ``jax.nn.softmax``; the hard
+  :func:`ahat_weights` averages the tied keys)."""
   seen = jnp.any(visible_TS, axis=-1, keepdims=True)
   logits = jnp.where(visible_TS, scores_TS * jnp.asarray(beta, scores_TS.dtype), -jnp.inf)
   w = jax.nn.softmax(jnp.where(seen, logits, 0.0), axis=-1)

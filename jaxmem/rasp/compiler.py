@@ -1,9 +1,10 @@
 """``compile(program, vocab, max_seq_len)``: RASP → an exact average-hard-attention transformer.
 
 The passes, one module each in :mod:`jaxmem.rasp.passes` (named ``source_to_target``, as tracr's
-``compiler/`` is): ``rasp_to_normal_form.rewrite`` (the compilable normal form) →
-``rasp_to_graph`` (the graph, ``check_types``) → ``graph_to_value_sets.ValueSets`` (value-set
-inference, ``check_none``) → ``graph_to_schedule.allocate`` (layers) →
+``compiler/`` is), after a ``graph_to_value_sets.ValueSets`` (value sets, computed on demand, which
+the first pass already consults): ``rasp_to_normal_form.rewrite`` (the compilable normal form) →
+``rasp_to_graph`` (the graph, ``check_types``) → ``graph_to_value_sets.check_none`` (which SOps
+may be None) → ``graph_to_schedule.allocate`` (layers) →
 ``schedule_to_craft.build`` (residual space and weights, from the blocks in
 :mod:`jaxmem.rasp.craft`) → ``craft_to_model.assemble`` (a
 :class:`~jaxmem.rasp.model.CompiledModel`, a Flax NNX model on :mod:`jaxmem.kernels.ahat`).

@@ -401,15 +401,3 @@ def make_transpose(rows: int, cols: int) -> rasp.SOp:
   gather = rasp.Select(rasp.indices, src, rasp.Comparison.EQ).named("transpose_selector")
   return rasp.Aggregate(gather, rasp.tokens).named("transpose")
 
-
-def __getattr__(name: str):
-  """``lib.PROGRAMS``, ``lib.ProgramSpec`` and ``lib.ref_*``, where they were before the table moved to
-  :mod:`jaxmem.rasp.programs` (imported on first use: that module imports this one)."""
-  if name in ("PROGRAMS", "ProgramSpec"):
-    from jaxmem.rasp import programs
-    return getattr(programs, name)
-  if name.startswith("ref_"):
-    from jaxmem.rasp import references
-    if hasattr(references, name):
-      return getattr(references, name)
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

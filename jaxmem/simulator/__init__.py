@@ -16,7 +16,6 @@ the input layout, sizes and measured errors.
 * :mod:`~jaxmem.machine` — the residual-stream machine both are written in.
 """
 
-from jaxmem import machine  # the machine U is written in (shared with the RASP compiler)
 from jaxmem.simulator import constructions
 from jaxmem.simulator.reference import (
     AttentionParams,
@@ -38,5 +37,5 @@ from jaxmem.simulator.universal import (
 __all__ = [
     "AttentionParams", "EncoderParams", "ErrorRow", "Simulator", "SimulatorLayout", "attention_layer",
     "attention_layer_numpy", "build_simulator", "constructions", "encoder_layer", "encoder_layer_numpy",
-    "error_table", "machine", "random_params",
+    "error_table", "random_params",
 ]

@@ -642,6 +642,7 @@ class ErrorRow(NamedTuple):
   max_abs_err: float
   max_abs_out: float
   rel_err: float
+  ref_rel_err: float = float("nan")   # with reference="float64": float32 T(X)'s own error, the same way
 
 
 def error_table(max_len: int, d_model: int, heads_list: Sequence[int], head_dim: int,
@@ -654,7 +655,9 @@ def error_table(max_len: int, d_model: int, heads_list: Sequence[int], head_dim:
   (N(0, 1)) for each ``n`` in ``n_values``. ``max_abs_err`` and ``max_abs_out`` are maxima over
   the trials of ``max|U(T, X) − ref|`` and ``max|ref|``; ``rel_err = max_abs_err / max_abs_out``.
   ``reference``: ``"attention_layer"`` (float32, :func:`attention_layer` / :func:`encoder_layer`)
-  or ``"float64"`` (the numpy float64 equation)."""
+  or ``"float64"`` (the numpy float64 equation; then ``ref_rel_err`` is the float32 layer's own
+  error against it, measured the same way: what float32 arithmetic costs on those inputs, e.g. with
+  saturating scores, whose float32 rounding moves the softmax weights)."""
   if reference not in ("attention_layer", "float64"):
     raise ValueError(f"`reference` must be 'attention_layer' or 'float64', got {reference!r}.")
   check_positive_int("trials", trials)
@@ -666,17 +669,21 @@ def error_table(max_len: int, d_model: int, heads_list: Sequence[int], head_dim:
   for H in heads_list:
     sim = build_simulator(max_len, d_model, int(H), head_dim, ffn_dim=ffn_dim)
     for n in n_values:
-      err, top = 0.0, 0.0
+      err, top, ref_err = 0.0, 0.0, 0.0
       for _ in range(trials):
         params = random_params(rng, d_model, int(H), head_dim, ffn_dim, scale)
         X = rng.standard_normal((int(n), d_model)).astype(np.float32)
         got = np.asarray(sim(params, X), np.float64)
+        layer = attention_layer if ffn_dim is None else encoder_layer
+        f32 = np.asarray(layer(params, X), np.float64)
         if reference == "float64":
           ref = attention_layer_numpy(params, X) if ffn_dim is None else encoder_layer_numpy(params, X)
+          ref_err = max(ref_err, float(np.max(np.abs(f32 - ref))))
         else:
-          ref = attention_layer(params, X) if ffn_dim is None else encoder_layer(params, X)
-          ref = np.asarray(ref, np.float64)
+          ref = f32
         err = max(err, float(np.max(np.abs(got - ref))))
         top = max(top, float(np.max(np.abs(ref))))
-      rows.append(ErrorRow(int(H), int(n), err, top, err / top if top > 0 else float("nan")))
+      rel = (lambda e: e / top if top > 0 else float("nan"))
+      rows.append(ErrorRow(int(H), int(n), err, top, rel(err),
+                           rel(ref_err) if reference == "float64" else float("nan")))
   return rows

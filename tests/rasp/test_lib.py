@@ -552,9 +552,3 @@ def test_evaluate_memoises_a_diamond():
   with pytest.raises(ValueError, match="RASP expression"):
     rasp.evaluate(lambda x: x, [1])
 
-
-def test_lib_still_resolves_the_names_that_moved_out():
-  assert lib.PROGRAMS is programs.PROGRAMS and lib.ProgramSpec is programs.ProgramSpec
-  assert lib.ref_transpose is references.ref_transpose
-  with pytest.raises(AttributeError, match="no attribute 'ref_nothing'"):
-    lib.ref_nothing  # noqa: B018

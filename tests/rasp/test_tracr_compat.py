@@ -4,7 +4,7 @@ tracr's signature and model fields, causal compilation, and tracr's own ``lib.py
 compiled == interpreted exactly, causal and not: every input of length <= 4 and random ones
 of length 5, at N = 5.
 
-Then the value rules (issue 25, B), each with the program that was wrong before: values equal
+Then the value rules, each with the program that was wrong before: values equal
 in Python share a slot; a numerical Map of a maybe-None value is refused; a Map of a float
 mean that flips within the interpreter's rounding is refused; functions raising on
 unreachable inputs compile; where the interpreter raises the model raises; ``True`` is not
@@ -52,6 +52,17 @@ def _compiled(name, causal):
 TRACR_NAMES = ["length", "reverse", "hist", "sort_unique", "sort", "sort_freq", "frac_prevs", "pair_balance",
                "shuffle_dyck", "shuffle_dyck2", "shift_by", "detect_pattern", "count_less_freq", "count",
                "nary_sequencemap"]
+
+
+def test_the_conformance_suite_runs_every_program_of_tracrs_lib():
+  """Every public function of tracr's ``lib.py`` that builds a SOp has an entry in ``tracr_programs`` (and so in
+  ``TRACR_NAMES``): a program tracr adds cannot go untested."""
+  lib = _tracr_lib()
+  funcs = {n for n, f in vars(lib).items()
+           if callable(f) and not n.startswith("_") and getattr(f, "__module__", None) == lib.__name__}
+  covered = {"make_" + n if hasattr(lib, "make_" + n) else n for n in TRACR_NAMES}
+  assert funcs == covered, sorted(funcs ^ covered)
+  assert set(conformance.tracr_programs(lib, N)) == set(TRACR_NAMES)
 
 
 def test_every_public_name_of_tracrs_rasp_module_exists():
@@ -212,3 +223,15 @@ def test_apply_refuses_true_for_the_token_1():
   assert model.apply([1, 2]) == [2, 3]
   with pytest.raises(ValueError, match=r"input token True \(bool\) at position 1"):
     model.apply([1, True])
+
+
+def test_numerical_mean_of_a_numerical_map_returning_none_is_refused():
+  """A numerical Map that returns None, averaged by the output Aggregate: the interpreter raises on ``['a',
+  'b']`` (a mean of None and 1); a numerical dimension holds 0 for None, so the model returned 0.5."""
+  x = rasp.numerical(rasp.Map(lambda t: None if t == "a" else 1, rasp.tokens)).named("x")
+  out = rasp.numerical(rasp.Aggregate(rasp.Select(rasp.indices, rasp.indices, rasp.Comparison.TRUE), x,
+                                      default=0)).named("mean")
+  with pytest.raises(ValueError):
+    rasp.evaluate(out, ["a", "b"])
+  with pytest.raises(ValueError, match="numerical SOp 'mean' reads 'x', which may be None"):
+    rasp.compile(out, ["a", "b"], 4)

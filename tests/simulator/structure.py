@@ -13,11 +13,16 @@ def assert_attention_does_the_work(program):
 
   * product: every output coordinate is ``a·b`` of exactly two coordinates; unary: ``op(a)`` of one, ``op``
     in exp / reciprocal / relu — the elementwise maps of one or two scalars;
-  * linear: a fixed matrix none of whose output coordinates reads more than two coordinates, so no sum over
-    a matrix dimension hides in a linear map;
+  * linear: a fixed matrix none of whose output coordinates reads more than two coordinates; traced back
+    through chains of linear layers to the coordinates another kind (or the input) wrote, an output combines
+    at most one coordinate of any slot (a slot holds a vector: summing its coordinates is a reduction, in one
+    layer or a tree of them) and at most four in all (U's encoder output ``X + att + b2 + ffn``); the program
+    is single-assignment (a linear output is never added to a coordinate again);
   * AHAT: ``tol = 0``; every value coordinate reads one residual coordinate and every residual coordinate is
     written from one value coordinate (``W_V``, ``W_O`` at most one non-zero per column): attention routes
     values with a fixed scale, and the only sum it does is its average over the selected positions."""
+  assert program.single_assignment, "the program may add to a coordinate twice"
+  sources = {}   # coordinate written by a linear layer -> the non-linear coordinates it is a combination of
   for layer in program.layers:
     assert type(layer) in RESTRICTED, f"{layer.name!r} is a {type(layer).__name__}, not a restricted kind"
     if isinstance(layer, (ProductLayer, UnaryLayer)):
@@ -32,6 +37,12 @@ def assert_attention_does_the_work(program):
       m = np.asarray(program.weights[layer.name]["w"])
       assert m.shape == (program.layout.width,) * 2
       assert np.count_nonzero(m, axis=0).max() <= 2, f"{layer.name!r}: an output reads more than two coords"
+      for j in np.flatnonzero(np.any(m != 0, axis=0)):
+        sources[j] = set().union(*(sources.get(i, {i}) for i in np.flatnonzero(m[:, j])))
+        slots = [program.layout.slot_of(int(i)) for i in sources[j]]
+        assert len(set(slots)) == len(slots), \
+            f"{layer.name!r}: an output sums coordinates of one slot through linear layers"
+        assert len(slots) <= 4, f"{layer.name!r}: an output sums more than four coords through linear layers"
     else:
       assert layer.tol == 0.0, layer.name
       w = {k: np.asarray(a) for k, a in program.weights[layer.name].items()}

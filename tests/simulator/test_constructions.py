@@ -8,7 +8,13 @@ product the generic chain 3×5·5×2, a dot product (1×4·4×1) and an outer pr
 
 Every program is also held to U's structure check (``tests/simulator/structure.py``: AHAT and the
 restricted position-wise kinds only, every sum an AHAT aggregation); building a program compiles
-nothing, so that check covers more shapes (1×1 everywhere) than the value tests."""
+nothing, so that check covers more shapes (1×1 everywhere) than the value tests.
+
+Tolerances, from float32 (u ≈ 6e-8): an entry of a product, softmax or 3×3 inverse here is at most ~10
+roundings (a product per term, a mean over ≤ 5 terms times its count, exp, a reciprocal), each relative to a
+sum of |terms| of the order of the random N(0, 1) entries; rtol 1e-5 leaves a factor > 10 over that for
+cancellation (atol scaled by the largest output catches entries near 0), and the reference rounds as much.
+Copies (transpose, MaxMin's selections, ReLU) are compared bit for bit."""
 
 import jax
 import jax.numpy as jnp
@@ -98,8 +104,9 @@ def test_maxmin(shape):
 
 
 def test_maxmin_ties_and_rows_at_the_global_extremes():
-  # row 1 is all the global min, row 2's max equals the global min of another row: the
-  # default keys outside a row tie with it and must still give the row's own extreme
+  # row 1 is all the global min, row 2's max equals the global min of another row, row 3 is all the global
+  # max: the keys outside a row are a bound strictly below (above) every entry, and a row's tied extremes
+  # average back to themselves
   A = np.array([[3, -2, 3, 0], [-5, -5, -5, -5], [-5, -7, -9, -5], [9, 9, 9, 9]], np.float32)
   mx, mn = C.maxmin(A)
   np.testing.assert_array_equal(mx, [3, -5, -5, 9])

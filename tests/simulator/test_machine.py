@@ -153,6 +153,8 @@ def test_restricted_layers_reject_bad_wiring():
     Program(L, [UnaryLayer("p", "exp", (("w", "u"), ("w", "u")), "")], {})
   with pytest.raises(ValueError, match="already input or written"):
     Program(L, [UnaryLayer("p", "relu", (("v", "v"),), "")], {})
+  with pytest.raises(ValueError, match="`weights` has no entry for layer 'lin'"):
+    Program(L, [LinearLayer("lin", "")], {})
   with pytest.raises(ValueError, match="must be LinearWeights"):
     Program(L, [LinearLayer("lin", "")], {"lin": AttentionWeights(L, 1, 1, 1)})
   with pytest.raises(ValueError, match="`op` must be one of"):

@@ -16,6 +16,7 @@ from jaxmem.kernels import ahat as ahat_kernels
 from jaxmem.machine import (
   AHATLayer,
   AttentionWeights,
+  Layout,
   LinearLayer,
   LinearWeights,
   Program,
@@ -33,7 +34,6 @@ from jaxmem.simulator import (
   random_params,
   universal,
 )
-from jaxmem.simulator import machine as machine_mod
 from tests.simulator.structure import assert_attention_does_the_work
 
 MAX_LEN, D, DH, F = 4, 3, 2, 3   # every length 1..4; D odd and != D_h
@@ -45,9 +45,9 @@ DH1 = 3   # the one-head simulator's D_h: not a power of two, so a mean of D_h e
 # (x·w summed over D, q·k over D_h, the softmax over n, o·wo over H·D_h, the FFN over D and F) that is
 # fewer than 40 roundings at these sizes, each relative to the sum of the |terms| it is part of; with
 # random T the outputs are within a factor ~5 of those sums (little cancellation), so |U − T(X)| stays
-# below ~40·5·u ≈ 1.2e-5 of the largest output in the worst case and far below it typically (the
-# measured errors are ~2e-7). float32 attention_layer has errors of the same size as U's, so the bound
-# holds against it and against the float64 equation alike. It is not tuned: 1e-5 is the bound.
+# below ~40·5·u ≈ 1.2e-5 of the largest output in the worst case and far below it typically. float32
+# attention_layer has errors of the same size as U's, so the bound holds against it and against the
+# float64 equation alike.
 REL_TOL = 1e-5
 
 
@@ -120,7 +120,47 @@ def test_the_structure_check_rejects_the_old_design(sims):
   with pytest.raises(AssertionError, match="'mix': an output sums value coordinates"):
     assert_attention_does_the_work(Program(U, layers, _builders(prog) | {"mix": mix}))
 
-  L = machine_mod.Layout()
+  def tree_sum(n, one_slot):   # n heads gather one position's number each, then a tree of two-term linear sums
+    L = Layout()
+    L.add("v", 1, "a number", is_input=True)
+    L.add("pos", n, "one-hot position", is_input=True)
+    L.add("one", 1, "1", is_input=True)
+    terms = [("g", k) for k in range(n)] if one_slot else [(f"g{k}", 0) for k in range(n)]
+    for name in dict.fromkeys(t for t, _ in terms):
+      L.add(name, n if one_slot else 1, "gathered terms")
+    levels = [terms]
+    while len(levels[-1]) > 1:   # one linear layer per level of the tree
+      levels.append([(f"s{len(levels)}_{p}", 0) for p in range(0, len(levels[-1]), 2)])
+      for name, _ in levels[-1]:
+        L.add(name, 1, "a partial sum")
+    gather = AttentionWeights(L, n, n, 1)
+    for k, (slot, at) in enumerate(terms):
+      gather.query(k, "one", np.eye(n)[k:k + 1])
+      gather.key(k, "pos", np.eye(n))
+      gather.value(k, "v", [[1.0]])
+      gather.output(k, slot, [[1.0]], slot_start=at)
+    layers, weights = [AHATLayer("gather", n, n, 1, "term k")], {"gather": gather}
+    for depth in range(1, len(levels)):
+      lw = LinearWeights(L)
+      for p, (name, _) in enumerate(levels[depth]):
+        for slot, at in levels[depth - 1][2 * p: 2 * p + 2]:
+          lw.w[L[slot].start + at, L[name].start] = 1.0
+      layers.append(LinearLayer(f"level{depth}", "pairwise sums"))
+      weights[f"level{depth}"] = lw
+    level = levels[-1]
+    tree = Program(L, layers, weights)
+    seq = tree.encode(n, {"v": np.arange(1.0, n + 1)[:, None], "pos": np.eye(n), "one": np.ones((n, 1))})
+    assert np.all(np.asarray(tree.read(tree.run(seq), level[0][0])) == n * (n + 1) / 2)   # it does sum them
+    return tree
+
+  with pytest.raises(AssertionError, match="'level1': an output sums coordinates of one slot"):
+    assert_attention_does_the_work(tree_sum(4, one_slot=True))
+  with pytest.raises(AssertionError, match="'level3': an output sums more than four coords"):
+    assert_attention_does_the_work(tree_sum(8, one_slot=False))
+  with pytest.raises(AssertionError, match="may add to a coordinate twice"):
+    assert_attention_does_the_work(Program(prog.layout, prog.layers, _builders(prog), single_assignment=False))
+
+  L = Layout()
   L.add("v", 3, "input", is_input=True)
   L.add("s", 1, "a sum")
   lw = LinearWeights(L)   # its `add` refuses a reduction; a hand-written matrix does not

@@ -24,7 +24,10 @@ from jaxmem.experiments import ExperimentResult, RunContext, Table, register
 from jaxmem.experiments.simulator.rasp_compile import PAPER
 from jaxmem.results import pyplot
 
-BOUND = 1e-5   # the issue's bound: max abs error <= 1e-5 × max |T(X)|
+BOUND = 1e-5   # max abs error <= 1e-5 × max |T(X)|: float32 rounding over a few hundred operations
+# saturating scores: U computes each logit with a few more float32 roundings than attention_layer (a product
+# per term, a mean times its count), so its error is a small multiple of float32 attention's own
+SAT_FACTOR = 4.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,39 +105,47 @@ def run(ctx: RunContext, s: SimulatorSettings) -> ExperimentResult:
   f32 = error_table(*common)
   f64 = error_table(*common, reference="float64")
   enc = error_table(*common, ffn_dim=s.ffn_dim)
-  sat = error_table(*common, scale=s.saturating_scale)
+  sat = error_table(*common, reference="float64", scale=s.saturating_scale)
   rows = [[a.heads, a.n, f"{a.max_abs_err:.2e}", f"{a.max_abs_out:.3g}", f"{a.rel_err:.2e}",
-           f"{b.rel_err:.2e}", f"{e.rel_err:.2e}", f"{z.rel_err:.2e}"]
+           f"{b.rel_err:.2e}", f"{e.rel_err:.2e}", f"{z.rel_err:.2e}", f"{z.ref_rel_err:.2e}"]
           for a, b, e, z in zip(f32, f64, enc, sat, strict=True)]
   worst = max(r.rel_err for r in f32 + enc)
+  # saturating scores: float32 rounds logits of order 10³ by ~1e-4, which moves the softmax weights; U is held
+  # to what float32 attention itself achieves on the same inputs
+  sat_held = all(z.rel_err <= max(BOUND, SAT_FACTOR * z.ref_rel_err) for z in sat)
+  sat_worst = max(z.rel_err for z in sat)
   sizes = [size_row(build_simulator(s.max_len, s.d_model, H, s.head_dim, ffn_dim=ffn))
            for H in s.heads for ffn in (None, s.ffn_dim)]
   layer_rows = layer_table(build_simulator(s.max_len, s.d_model, s.heads[0], s.head_dim, ffn_dim=s.ffn_dim))
   cons = construction_errors(s.seed)
   figure = _plot(ctx, s, f32, enc)
   seconds = time.perf_counter() - t0
-  held = worst <= BOUND and all(e <= BOUND for _, _, e in cons)
+  held = worst <= BOUND and sat_held and all(e <= BOUND for _, _, e in cons)
   notes = [
       f"T: {s.d_model}-wide rows, head width {s.head_dim}; entries N(0, 1)/√fan-in; X entries "
       f"N(0, 1); {s.trials} random (T, X) per row, all served by the one U built for that head "
       f"count (max_len N = {s.max_len}). rel = max|U − ref| / max|ref| over the trials.",
       "f32 ref: jaxmem.simulator.attention_layer (float32, precision highest); f64 ref: the numpy "
       f"float64 equation; encoder: Cor. 6.1's layer with FFN width {s.ffn_dim} (no layer norm); "
-      f"saturating: wq, wk × {s.saturating_scale} (scores of order 10³).",
-      f"Bound: rel ≤ {BOUND:g} (float32 rounding). Every sum of T(X) (over D, D_h, the keys, heads, "
-      "the FFN) is an AHAT mean over the positions holding its terms, times a fixed count; the row maxima "
-      "are AHAT argmaxes; position-wise layers are only products a·b, exp, reciprocal, ReLU and fixed "
-      "linear maps of at most two terms (jaxmem/simulator/README.md).",
+      f"saturating: wq, wk × {s.saturating_scale} (scores of order 10³), against the float64 equation, "
+      "beside float32 attention_layer's own error against it (the float32 rounding of such logits moves "
+      "the softmax weights by up to ~1e-4 relative).",
+      f"Bound: rel ≤ {BOUND:g} (float32 rounding); saturating: rel ≤ max({BOUND:g}, {SAT_FACTOR:g} × float32 "
+      f"attention_layer's own rel) in every row (worst {sat_worst:.1e}). Every sum of T(X) (over D, D_h, the "
+      "keys, heads, the FFN) is an AHAT mean over the positions holding its terms, times a fixed count; the "
+      "row maxima are AHAT argmaxes; position-wise layers are only products a·b, exp, reciprocal, ReLU and "
+      "fixed linear maps of at most two terms (jaxmem/simulator/README.md).",
       f"Wall time {seconds:.0f} s.",
   ]
   return ExperimentResult(
       summary=f"U(T, X) = T(X) to rel ≤ {worst:.1e} (bound {BOUND:g}) for heads {list(s.heads)} and "
-              f"n ∈ {list(s.n_values)}; constructions within "
+              f"n ∈ {list(s.n_values)} (saturating scores: ≤ {sat_worst:.1e}, as float32 attention itself); "
+              f"constructions within "
               f"{max(e for _, _, e in cons):.1e} of jnp" + ("" if held else " — BOUND EXCEEDED"),
       tables=[
           Table("U(T, X) against direct computation",
                 ["heads", "n", "max abs err (f32 ref)", "max |T(X)|", "rel (f32 ref)", "rel (f64 ref)",
-                 "rel, encoder", "rel, saturating"], rows),
+                 "rel, encoder", "rel, saturating (f64 ref)", "float32 T(X), saturating (f64 ref)"], rows),
           Table(f"U's size (fixed weights, independent of T; positions at n = N = {s.max_len})",
                 SIZE_COLUMNS, sizes),
           Table(f"U's layers (encoder, T heads = {s.heads[0]}; the attention variant is layers 1-17)",
@@ -143,7 +154,7 @@ def run(ctx: RunContext, s: SimulatorSettings) -> ExperimentResult:
                 ["construction", "shape", "max rel err"], [[a, b, f"{e:.1e}"] for a, b, e in cons]),
       ],
       figures=[figure], notes=notes,
-      metrics={"worst_rel_err": worst, "held": held, "seconds": seconds,
+      metrics={"worst_rel_err": worst, "worst_saturating_rel_err": sat_worst, "held": held, "seconds": seconds,
                "constructions": {a: e for a, _, e in cons}})
 
 

@@ -59,6 +59,11 @@ class ValueSets:
       self.memo[e.unique_id] = vs
     return self.memo[e.unique_id]
 
+  def image(self, e: rasp.SOp) -> list:
+    """``e``'s values, None included, without the checks of ``vs[e]`` (a numerical Map may return
+    None: :func:`maybe_none` asks)."""
+    return self.memo[e.unique_id] if e.unique_id in self.memo else self._infer(e)
+
   def numbers(self, e: rasp.SOp) -> np.ndarray:
     """A numerical SOp's value set as sorted float64 (None counts as 0)."""
     vals = [0.0 if v is None else float(v) for v in self[e]]
@@ -229,12 +234,20 @@ def maybe_none(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets") -> Dict[int, boo
   """Which SOps may be ``None`` somewhere: an Aggregate with default None (or of a SOp that
   may be None), a Map / SequenceMap of one, or one whose function returns None."""
   maybe: Dict[int, bool] = {}
+
+  def returns_none(e) -> bool:
+    if isinstance(e, rasp.LinearSequenceMap):
+      return False
+    try:
+      return any(v is None for v in vs.image(e))
+    except ValueError:   # a value set too large to enumerate: no MLP can read its input either
+      return False
+
   for e in nodes:
     if isinstance(e, rasp.Aggregate):
       maybe[e.unique_id] = e.default is None or maybe[e.sop.unique_id]
     elif isinstance(e, (rasp.Map, rasp.SequenceMap)):
-      maybe[e.unique_id] = any(maybe[c.unique_id] for c in e.children) or \
-          (rasp.is_categorical(e) and any(v is None for v in vs[e]))
+      maybe[e.unique_id] = any(maybe[c.unique_id] for c in e.children) or returns_none(e)
     else:
       maybe[e.unique_id] = False
   return maybe
@@ -248,7 +261,9 @@ def check_none(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets", output: rasp.SOp
 
   * A numerical SOp computed from a SOp that may be None, and read by another op: the
     interpreter passes None on, a numerical dimension holds a number (0), and a later op
-    would turn it into a real value. As the program's output it reads 0.
+    would turn it into a real value. As the program's output a Map or SequenceMap reads 0;
+    a numerical Aggregate is refused even as the output (the interpreter raises on a mean
+    with None in it, the model would average 0).
   * A SOp that may be None as the key or query of a predicate that is not a Comparison:
     the interpreter calls the predicate on None, a compiled head (None is the zero vector)
     matches nothing."""
@@ -257,7 +272,7 @@ def check_none(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets", output: rasp.SOp
   read |= {s.unique_id for n in nodes if kind(n) in ("attn", "width") for s in sop_inputs(n)}
   for e in nodes:
     if isinstance(e, (rasp.Map, rasp.SequenceMap, rasp.Aggregate)) and rasp.is_numerical(e) \
-        and e is not output and e.unique_id in read:
+        and (isinstance(e, rasp.Aggregate) or (e is not output and e.unique_id in read)):
       ins = [e.sop] if isinstance(e, rasp.Aggregate) else list(e.children)
       bad = [c for c in ins if maybe[c.unique_id]]
       if bad:

@@ -34,16 +34,19 @@ def test_simulator_u_tiny_report_holds_the_recomputed_numbers(tmp_path):
   # the error tables, recomputed (same seed: the same T, X through the same compiled U)
   common = (s.max_len, s.d_model, s.heads, s.head_dim, s.n_values, s.trials, s.seed)
   f32, f64 = error_table(*common), error_table(*common, reference="float64")
-  enc, sat = error_table(*common, ffn_dim=s.ffn_dim), error_table(*common, scale=s.saturating_scale)
+  enc = error_table(*common, ffn_dim=s.ffn_dim)
+  sat = error_table(*common, reference="float64", scale=s.saturating_scale)
   rows = [[a.heads, a.n, f"{a.max_abs_err:.2e}", f"{a.max_abs_out:.3g}", f"{a.rel_err:.2e}",
-           f"{b.rel_err:.2e}", f"{e.rel_err:.2e}", f"{z.rel_err:.2e}"]
+           f"{b.rel_err:.2e}", f"{e.rel_err:.2e}", f"{z.rel_err:.2e}", f"{z.ref_rel_err:.2e}"]
           for a, b, e, z in zip(f32, f64, enc, sat, strict=True)]
   assert len(rows) == len(s.heads) * len(s.n_values)
   assert markdown_table(["heads", "n", "max abs err (f32 ref)", "max |T(X)|", "rel (f32 ref)", "rel (f64 ref)",
-                         "rel, encoder", "rel, saturating"], rows) in report
+                         "rel, encoder", "rel, saturating (f64 ref)", "float32 T(X), saturating (f64 ref)"],
+                        rows) in report
   worst = max(r.rel_err for r in f32 + enc)
   assert metrics["worst_rel_err"] == worst and worst <= exp.BOUND
-  assert all(r.rel_err <= exp.BOUND for r in f64 + sat)
+  assert metrics["worst_saturating_rel_err"] == max(z.rel_err for z in sat)
+  assert all(r.rel_err <= exp.BOUND for r in f64 + sat) and all(0 < z.ref_rel_err < exp.BOUND for z in sat)
 
   # U's sizes and layer table, recomputed from the simulators (weights depend on the sizes only)
   for H in s.heads:
