@@ -64,11 +64,6 @@ class MachineModel:
     return self.apply_batch([list(inputs)])[0]
 
 
-def _coords(layout: Layout, slot: str) -> np.ndarray:
-  s = layout[slot]
-  return np.arange(s.start, s.start + s.size)
-
-
 def to_machine(model: CompiledModel) -> MachineModel:
   """``model`` as a program of the simulator's machine (see the module docstring)."""
   if not isinstance(model, CompiledModel):
@@ -110,9 +105,9 @@ def to_machine(model: CompiledModel) -> MachineModel:
     src = None   # the slot the next linear map reads: None for the residual
     for j, (w, b) in enumerate(mlp):
       lin = LinearWeights(L)
-      rows = np.arange(d) if src is None else _coords(L, src)
+      rows = np.arange(d) if src is None else np.r_[L.slice(src)]
       last = j == len(mlp) - 1
-      cols = np.arange(d) if last else _coords(L, f"layer{l}.mlp{j}.pre")
+      cols = np.arange(d) if last else np.r_[L.slice(f"layer{l}.mlp{j}.pre")]
       lin.w[np.ix_(rows, cols)] += np.asarray(w, np.float32)
       lin.w[one, cols] += np.asarray(b, np.float32)
       name = f"layer{l}.mlp.linear{j}"

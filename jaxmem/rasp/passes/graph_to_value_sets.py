@@ -38,6 +38,7 @@ class ValueSets:
     self.vocab = list(vocab)
     self.N = max_seq_len
     self.memo: Dict[int, list] = {}
+    self.images: Dict[int, list] = {}   # unchecked value sets (see image)
     # numerical SOp -> (a, r): the interpreter's value of exact value x is within a + r·|x|
     self.rounding: Dict[int, tuple] = {}
 
@@ -62,7 +63,11 @@ class ValueSets:
   def image(self, e: rasp.SOp) -> list:
     """``e``'s values, None included, without the checks of ``vs[e]`` (a numerical Map may return
     None: :func:`maybe_none` asks)."""
-    return self.memo[e.unique_id] if e.unique_id in self.memo else self._infer(e)
+    if e.unique_id in self.memo:
+      return self.memo[e.unique_id]
+    if e.unique_id not in self.images:   # maybe_none asks twice (check_none, then the weights)
+      self.images[e.unique_id] = self._infer(e)
+    return self.images[e.unique_id]
 
   def numbers(self, e: rasp.SOp) -> np.ndarray:
     """A numerical SOp's value set as sorted float64 (None counts as 0)."""

@@ -32,27 +32,25 @@ def _leaves(sel: rasp.Selector) -> List[rasp.Select]:
   return [leaf for c in sel.children for leaf in _leaves(c)]
 
 
-def _tuple_sop(sops: List[rasp.SOp], tag: str, memo: Optional[Dict[tuple, rasp.SOp]] = None) -> rasp.SOp:
+def _tuple_sop(sops: List[rasp.SOp], memo: Dict[tuple, rasp.SOp]) -> rasp.SOp:
   """One SOp for several: the SOp itself when alone, else the categorical SOp of their
-  tuples (a product space, one MLP layer per extra SOp). With ``memo``, the tuple of the same
-  SOps is built once however many selectors (or a selector's keys and queries) read it."""
+  tuples (a product space, one MLP layer per extra SOp), named ``(a, b, …)``. Through ``memo`` the
+  tuple of the same SOps is built once however many selectors (or a selector's keys and
+  queries) read it."""
   if len(sops) == 1:
     return sops[0]
   ids = tuple(s.unique_id for s in sops)
-  if memo is not None and ids in memo:
-    return memo[ids]
-  out = rasp.SequenceMap(lambda x, y: (x, y), sops[0], sops[1])
-  for s in sops[2:]:
-    out = rasp.SequenceMap(lambda t, y: t + (y,), out, s)
-  out = rasp.categorical(out).named(tag)
-  if memo is not None:
-    memo[ids] = out
-  return out
+  if ids not in memo:
+    out = rasp.SequenceMap(lambda x, y: (x, y), sops[0], sops[1])
+    for s in sops[2:]:
+      out = rasp.SequenceMap(lambda t, y: t + (y,), out, s)
+    memo[ids] = rasp.categorical(out).named("(" + ", ".join(s.label for s in sops) + ")")
+  return memo[ids]
 
 
 def _product_select(sel: rasp.Selector, keys: List[rasp.SOp], queries: List[rasp.SOp],
                     key_pos: Dict[int, int], query_pos: Dict[int, int],
-                    memo: Optional[Dict[tuple, rasp.SOp]] = None) -> rasp.Select:
+                    memo: Dict[tuple, rasp.SOp]) -> rasp.Select:
   """``sel`` as one Select whose keys/queries are the tuples of the SOps it reads (shared
   through ``memo``, see :func:`_tuple_sop`)."""
   kget = (lambda k, i: k) if len(keys) == 1 else (lambda k, i: k[i])
@@ -70,10 +68,7 @@ def _product_select(sel: rasp.Selector, keys: List[rasp.SOp], queries: List[rasp
       return lambda k, q: f(k, q) and g(k, q)
     return lambda k, q: f(k, q) or g(k, q)
 
-  name = sel.label
-  tag = lambda side, sops: f"{name}.{side}" if memo is None else "(" + ", ".join(s.label for s in sops) + ")"
-  return rasp.Select(_tuple_sop(keys, tag("keys", keys), memo),
-                     _tuple_sop(queries, tag("queries", queries), memo), make(sel))
+  return rasp.Select(_tuple_sop(keys, memo), _tuple_sop(queries, memo), make(sel))
 
 
 def _then(f, y):
