@@ -95,6 +95,7 @@ def compile(program: rasp.SOp, vocab: Sequence[Any], max_seq_len: int,  # noqa: 
     if isinstance(e, (rasp.TokensType, rasp.Full)) and rasp.is_numerical(e):
       vs[e]
   none_checked = graph_to_value_sets.check_none(nodes, vs, out)
+  graph_to_value_sets.check_value_types(nodes, vs)
   schedule = graph_to_schedule.allocate(nodes)
   fused = graph_to_schedule.allocate(nodes, fuse=True)
   if fused.num_layers < schedule.num_layers:   # MLP-only chains in one layer's (deeper) MLP

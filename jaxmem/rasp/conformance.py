@@ -5,9 +5,9 @@
 :func:`jaxmem.rasp.evaluate` on every accepted input up to ``exhaustive_len`` and on
 ``n_random`` random ones of lengths up to ``max_seq_len``. Categorical outputs must be
 identical, type included (numbers of different types that are equal in Python share one
-one-hot slot, so ``0`` and ``0.0`` agree); numerical ones within ``atol + rtol·|value|`` (the
-interpreter's None read as 0, bools as 0/1). Where the interpreter raises, the compiled model
-must raise too.
+one-hot slot, so ``0`` and ``0.0`` agree); numerical ones within ``atol + rtol·|value|`` (bools
+as 0/1). None (no value) equals only None, in either encoding. Where the interpreter raises, the
+compiled model must raise too.
 
 :func:`tracr_programs` loads tracr's own ``lib.py`` from an installed ``tracr-pypi``
 unchanged but for its import line (``from tracr.rasp import rasp`` → ``from jaxmem import
@@ -52,12 +52,17 @@ class Check:
 
 def agree(encoding: str, want: Sequence[Any], got: Sequence[Any], atol: float = 1e-6,
           rtol: float = 1e-6):
-  """(equal?, max abs error) of one output sequence. Numerical: ``|w − g| <= atol + rtol·|w|``
-  at every position (float32 holds ~7 significant digits, so large values need ``rtol``)."""
+  """(equal?, max abs error) of one output sequence. None equals only None (an error of inf
+  otherwise). Numerical: ``|w − g| <= atol + rtol·|w|`` at every position (float32 holds ~7
+  significant digits, so large values need ``rtol``)."""
+  if len(want) != len(got):
+    return False, float("inf")
+  if any((w is None) != (g is None) for w, g in zip(want, got, strict=True)):
+    return False, float("inf")   # None is no value, never 0
   if encoding == "numerical":
-    ws = [0.0 if w is None else float(w) for w in want]
-    errs = [abs(w - g) for w, g in zip(ws, got, strict=True)]
-    ok = all(e <= atol + rtol * abs(w) for e, w in zip(errs, ws, strict=True))
+    pairs = [(float(w), float(g)) for w, g in zip(want, got, strict=True) if w is not None]
+    errs = [abs(w - g) for w, g in pairs]
+    ok = all(e <= atol + rtol * abs(w) for e, (w, _) in zip(errs, pairs, strict=True))
     return ok, max(errs, default=0.0)
   return list(want) == list(got) and all(
       type(w) is type(g) or w is None or g is None

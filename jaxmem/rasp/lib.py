@@ -188,14 +188,13 @@ def make_pair_balance(sop: rasp.SOp, open_token: Any, close_token: Any) -> rasp.
 
 
 def make_shuffle_dyck(pairs: List[str]) -> rasp.SOp:
-  """1 at every position iff, for each two-character pair ``"oc"`` in ``pairs``, the ``o``/``c``
-  brackets are balanced on their own (other tokens are ignored), else 0.
+  """True at every position iff, for each two-character pair ``"oc"`` in ``pairs``, the ``o``/``c``
+  brackets are balanced on their own (other tokens are ignored), else False (bools, as tracr's).
 
   Balanced means: no prefix has more ``c`` than ``o``, and the whole input has as many of
   each: per pair, a prefix balance (one numerical Aggregate); the number of pairs whose
   balance is negative, averaged over all positions (0 iff never negative); whether every
-  balance is 0 at the last position. ``make_shuffle_dyck(["()", "{}"])("({)}") == [1, 1, 1,
-  1]``."""
+  balance is 0 at the last position. ``make_shuffle_dyck(["()", "{}"])("({)}") == [True] * 4``."""
   pairs = list(pairs)
   if not pairs:
     raise ValueError("`pairs` must name at least one bracket pair.")
@@ -233,7 +232,7 @@ def make_shuffle_dyck(pairs: List[str]) -> rasp.SOp:
   last = rasp.Map(lambda size: size - 1, make_length()).named("last_index")
   at_last = rasp.Select(rasp.indices, last, rasp.Comparison.EQ).named("select_last")
   closed_at_end = rasp.Aggregate(at_last, closed).named("last_zero")
-  verdict = rasp.SequenceMap(lambda z, neg: 1 if z and neg == 0 else 0, closed_at_end, ever_negative)
+  verdict = rasp.SequenceMap(lambda z, neg: bool(z) and neg == 0, closed_at_end, ever_negative)
   return verdict.named("shuffle_dyck")
 
 

@@ -599,12 +599,12 @@ def _mean(values: Sequence[Value], default: Value, categorical: bool = False) ->
   if not values:
     return default
   first = values[0]
-  if len(values) == 1 or (categorical and all(v == first and type(v) is type(first) for v in values)):
+  if len(values) == 1:
     return first
-  if all(isinstance(v, (int, bool, float)) for v in values):
+  if all(isinstance(v, (int, bool, float)) for v in values):   # tracr: numbers average, categorical too
     return sum(values) / len(values)
-  if all(v == first for v in values):
-    return first
+  if categorical and all(v == first and type(v) is type(first) for v in values):
+    return first   # jaxmem's addition: equal non-numbers (tracr raises)
   raise ValueError(f"Aggregate of non-numerical values that differ: {list(values)!r}.")
 
 

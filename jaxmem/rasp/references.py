@@ -56,10 +56,10 @@ def ref_shuffle_dyck(xs, pairs=("()",)):
     for x in xs:
       depth += (x == o) - (x == c)
       if depth < 0:
-        return [0] * len(xs)
+        return [False] * len(xs)
     if depth != 0:
-      return [0] * len(xs)
-  return [1] * len(xs)
+      return [False] * len(xs)
+  return [True] * len(xs)
 
 
 def ref_kparity(xs, positions=(0, 2, 3)):

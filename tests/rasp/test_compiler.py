@@ -85,9 +85,6 @@ def _cases():
   big = rasp.numerical(rasp.Aggregate(rasp.Select(rasp.indices, rasp.indices, C.LEQ),
                                       rasp.numerical(rasp.Map(lambda t: 1989, rasp.tokens)), default=0))
   g = rasp.SequenceMap(lambda t, i: None if i == 0 else t, rasp.tokens, rasp.indices)
-  prevn = rasp.numerical(rasp.Aggregate(rasp.Select(rasp.indices, rasp.indices - 1, C.EQ),
-                                        rasp.numerical(rasp.Map(lambda t: 1, rasp.tokens))))
-  one = rasp.Aggregate(rasp.Select(rasp.tokens, rasp.tokens, C.EQ), rasp.Map(lambda t: 1, rasp.tokens))
   return [
       # compiled at N = 16: exhaustive short inputs plus random ones of every longer length
       ("length", _length(), "abc", 16),
@@ -123,8 +120,8 @@ def _cases():
       ("integer_mean", big, "a", 15),                      # fifteen 1989s average to 1989 exactly
       ("third", rasp.Map(lambda x: x >= 1 / 3, _frac()).named("third"), "ab", 6),  # exact value sets
       ("fusion_keeps_none", rasp.Map(lambda v: "none" if v is None else v, g).named("out"), "ab", 3),
-      ("numerical_none_default_output", prevn, "a", 3),    # as the output: None reads 0
-      ("str_of_categorical_mean", rasp.Map(str, one), "ab", 4),
+      ("str_of_single_selected", rasp.Map(str, rasp.Aggregate(rasp.Select(rasp.indices, rasp.indices, C.EQ),
+                                                              rasp.Map(lambda t: 1, rasp.tokens))), "ab", 4),
       ("tuples_and_frozensets", rasp.SequenceMap(lambda t, i: ((t, i % 2), frozenset(t)), rasp.tokens,
                                                  rasp.indices), "ab", 3),
   ]
@@ -428,10 +425,12 @@ def test_none_keys_with_custom_predicates_and_numerical_none_defaults_are_refuse
   prev_tok = rasp.Aggregate(rasp.Select(rasp.indices, rasp.indices - 1, C.EQ), rasp.tokens)
   with pytest.raises(ValueError, match="may be None"):
     rasp.compile(rasp.SelectorWidth(rasp.Select(rasp.tokens, prev_tok, lambda k, q: True)), ["a"], 3)
-  prevn = BY_NAME["numerical_none_default_output"][1]
-  with pytest.raises(ValueError, match="default None and is read"):
+  prevn = rasp.numerical(rasp.Aggregate(rasp.Select(rasp.indices, rasp.indices - 1, C.EQ),
+                                        rasp.numerical(rasp.Map(lambda t: 1, rasp.tokens))))
+  with pytest.raises(ValueError, match="'.*' \\(read by another op\\) may be None: it has default None"):
     rasp.compile(rasp.numerical(rasp.Map(lambda x: x + 1, prevn)), ["a"], 3)
-  assert _output("numerical_none_default_output", ["a", "a"]) == [0.0, 1.0]   # as the output: None reads 0
+  with pytest.raises(ValueError, match="the program's output.*may select no position"):
+    rasp.compile(prevn, ["a"], 3)   # as the output too: the model would decode 0.0 where None is due
 
 
 def test_internal_categorical_mixtures_raise_and_types_are_kept():
@@ -440,8 +439,14 @@ def test_internal_categorical_mixtures_raise_and_types_are_kept():
   with pytest.raises(ValueError, match="'agg' at position 1 is not one-hot"):
     model.apply([1, 3])
   assert model.apply([1, 1]) == [False, False]
-  s = BY_NAME["str_of_categorical_mean"][1]
-  assert _output("str_of_categorical_mean", list("aab")) == rasp.evaluate(s, list("aab")) == ["1"] * 3
+  # tracr's rule: one selected value as it is, a mean of several as a float, so str() of a
+  # categorical mean of equal ints is '1' or '1.0' by input; the model holds the value only
+  one = rasp.Aggregate(rasp.Select(rasp.tokens, rasp.tokens, C.EQ), rasp.Map(lambda t: 1, rasp.tokens))
+  s = rasp.Map(str, one)
+  assert rasp.evaluate(s, list("aab")) == ["1.0", "1.0", "1"]
+  with pytest.raises(ValueError, match="Map '.*' gives '1' at \\(1,\\) but '1.0' at \\(1.0,\\)"):
+    rasp.compile(s, list("ab"), 4)
+  assert _output("str_of_single_selected", list("ab")) == ["1", "1"]   # one position: as it is
   with pytest.raises(ValueError, match="different types"):
     rasp.compile(rasp.Map(lambda t: t, rasp.tokens), [True, 1, 2], 3)
   with pytest.raises(ValueError, match="unhashable"):

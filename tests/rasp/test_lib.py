@@ -167,7 +167,7 @@ def test_dyck_samples_hit_both_outcomes(name):
   rng = random.Random(0)
   for n in (4, 6, 8):
     outcomes = {spec.reference(spec.sample(rng, n))[0] for _ in range(100)}
-    assert outcomes == {0, 1}, (n, outcomes)
+    assert outcomes == {False, True}, (n, outcomes)
 
 
 def test_samplers_respect_domains():
@@ -214,15 +214,15 @@ KNOWN = [
     (lambda: lib.make_frac_prevs((t == "x").named("is_x")), "xyxx", [1, 1 / 2, 2 / 3, 3 / 4]),
     (lambda: lib.make_pair_balance(t, "(", ")"), "a()b(c))",
      [0, 1 / 2, 0, 0, 1 / 5, 1 / 6, 0, -1 / 8]),
-    (lambda: lib.make_shuffle_dyck(["()"]), "(())()", [1] * 6),
-    (lambda: lib.make_shuffle_dyck(["()"]), ")(", [0, 0]),
-    (lambda: lib.make_shuffle_dyck(["()"]), "(()", [0, 0, 0]),
-    (lambda: lib.make_shuffle_dyck2(), "({)}", [1, 1, 1, 1]),
-    (lambda: lib.make_shuffle_dyck2(), "(){)}", [0] * 5),
-    (lambda: lib.make_shuffle_dyck2(), "{(})", [1] * 4),
-    (lambda: lib.make_shuffle_dyck2(), "}{()", [0] * 4),
-    (lambda: lib.make_shuffle_dyck(["()", "{}", "[]"]), "([{)]}", [1] * 6),
-    (lambda: lib.make_shuffle_dyck(["()", "{}", "[]"]), "([{)]", [0] * 5),
+    (lambda: lib.make_shuffle_dyck(["()"]), "(())()", [True] * 6),
+    (lambda: lib.make_shuffle_dyck(["()"]), ")(", [False, False]),
+    (lambda: lib.make_shuffle_dyck(["()"]), "(()", [False] * 3),
+    (lambda: lib.make_shuffle_dyck2(), "({)}", [True] * 4),
+    (lambda: lib.make_shuffle_dyck2(), "(){)}", [False] * 5),
+    (lambda: lib.make_shuffle_dyck2(), "{(})", [True] * 4),
+    (lambda: lib.make_shuffle_dyck2(), "}{()", [False] * 4),
+    (lambda: lib.make_shuffle_dyck(["()", "{}", "[]"]), "([{)]}", [True] * 6),
+    (lambda: lib.make_shuffle_dyck(["()", "{}", "[]"]), "([{)]", [False] * 5),
     (lambda: lib.make_kparity((0, 2, 3)), [1, 0, 1, 0], [0] * 4),
     (lambda: lib.make_kparity((0, 2, 3)), [1, 1, 0, 0, 1], [1] * 5),
     (lambda: lib.make_kparity((0, 2, 3)), [1, 1], [1, 1]),  # positions 2, 3 past the end
@@ -265,10 +265,7 @@ def _known_id(case):
 def test_known_examples(make, xs, expected):
   program = make()
   out = rasp.evaluate(program, list(xs))
-  if rasp.is_numerical(program):
-    assert_same(out, expected, True, xs)
-  else:
-    assert out == expected
+  assert_same(out, expected, rasp.is_numerical(program), xs)   # categorical: value and type, as tracr's
   check_static(program)
 
 

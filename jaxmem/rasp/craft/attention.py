@@ -34,12 +34,21 @@ class Head:
   wo: np.ndarray   # [dv, d]
 
 
+def _exact_in_float64(v) -> bool:
+  """A number that float64 holds exactly, so that comparing float64 copies compares the values
+  (an int above 2⁵³ is not: 2⁵³ + 1 would equal 2⁵³)."""
+  if isinstance(v, (bool, np.bool_, float, np.floating)):
+    return True
+  if isinstance(v, (int, np.integer)):
+    return abs(int(v)) <= 2 ** 53
+  return False
+
+
 def _predicate_table(sel: rasp.Select, qvals: list, kvals: list) -> np.ndarray:
   """``P[a, b] = predicate(key=kvals[b], query=qvals[a])``, vectorised for Comparisons on
-  numbers."""
+  numbers that float64 holds exactly; Python's own comparisons otherwise."""
   p = sel.predicate
-  if isinstance(p, rasp.Comparison) and qvals and kvals and all(
-      isinstance(v, (int, float, bool, np.number)) for v in qvals + kvals):
+  if isinstance(p, rasp.Comparison) and qvals and kvals and all(_exact_in_float64(v) for v in qvals + kvals):
     q = np.asarray(qvals, np.float64)[:, None]
     k = np.asarray(kvals, np.float64)[None, :]
     table = {
@@ -68,14 +77,16 @@ def build_head(e, res: Residual, d: int, scratch: Optional[int]) -> Head:
   for s in selects:
     qs, ks = res.spaces[s.queries.unique_id], res.spaces[s.keys.unique_id]
     P = _predicate_table(s, qs.values, ks.values)
+    # an empty value set (a function raising on every value: the model raises at apply) is a
+    # block of width 0
     if len(qs.dims) <= len(ks.dims):
       bq = np.zeros((d, len(qs.dims)))
       bq[qs.dims, np.arange(len(qs.dims))] = 1.0
       bk = np.zeros((d, len(qs.dims)))
-      bk[np.asarray(ks.dims)[:, None], np.arange(len(qs.dims))[None, :]] = P.T
+      bk[np.ix_(ks.dims, np.arange(len(qs.dims)))] = P.T
     else:
       bq = np.zeros((d, len(ks.dims)))
-      bq[np.asarray(qs.dims)[:, None], np.arange(len(ks.dims))[None, :]] = P
+      bq[np.ix_(qs.dims, np.arange(len(ks.dims)))] = P
       bk = np.zeros((d, len(ks.dims)))
       bk[ks.dims, np.arange(len(ks.dims))] = 1.0
     blocks_q.append(bq)

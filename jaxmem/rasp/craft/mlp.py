@@ -29,6 +29,7 @@ every carried value is exact, so each stage computes what it would in a layer of
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -246,54 +247,101 @@ def _same(a, b, numerical: bool) -> bool:
   return value_key(a) == value_key(b) and (a is RAISES) == (b is RAISES)
 
 
-def _near(x: float, eps: float) -> List[float]:
-  """Floats the interpreter may hold for the value ``x`` of a SOp computed to within ``eps``:
-  both ends of ``[x − eps, x + eps]`` and the 4 floats on each side of ``x`` inside it."""
-  out = [x - eps, x + eps]
-  for direction in (-np.inf, np.inf):
-    t = x
-    for _ in range(4):
-      t = float(np.nextafter(t, direction))
-      if abs(t - x) <= eps:
-        out.append(t)
-  return out
+MAX_ROUNDING_CALLS = 200_000   # calls of a function to prove it constant within its inputs' rounding
+
+_SIGN = np.int64(-2 ** 63)
 
 
-def check_rounding(e: rasp.SOp, f, op: "_Operand", vs: ValueSets, others=((),)) -> None:
-  """A function of a SOp whose interpreter values are known only to within rounding (a
-  numerical mean of non-integer values, summed left to right in floats) must not change
-  within that rounding: ``f`` is evaluated near each value (see :func:`_near`) with each of
-  ``others`` (the other operand's values), and a change raises ``ValueError``. A numerical
-  ``e`` passes on the largest change as its own rounding."""
-  bound = vs.rounding.get(op.e.unique_id)
-  if not bound or not op.numerical:
+def _ordered(x: np.ndarray) -> np.ndarray:
+  """float64 → int64 keys in the order of the values (consecutive floats, consecutive keys)."""
+  i = np.asarray(x, np.float64).view(np.int64)
+  return np.where(i < 0, -(i & ~_SIGN), i)
+
+
+def floats_within(x: float, eps: float, limit: int) -> Optional[np.ndarray]:
+  """Every float64 in ``[x − eps, x + eps]`` (ends rounded outwards), or None when more than
+  ``limit``: every value the interpreter may hold for a SOp whose exact value is ``x`` and
+  whose float error is at most ``eps``."""
+  lo = np.nextafter(np.float64(x) - np.float64(eps), -np.inf)
+  hi = np.nextafter(np.float64(x) + np.float64(eps), np.inf)
+  if not (np.isfinite(lo) and np.isfinite(hi)):
+    return None
+  klo, khi = _ordered(np.asarray([lo, hi]))
+  if int(khi) - int(klo) + 1 > limit:
+    return None
+  k = np.arange(klo, khi + 1, dtype=np.int64)
+  return np.where(k < 0, (-k) | _SIGN, k).view(np.float64)
+
+
+def check_rounding(e: rasp.SOp, f, ops: Sequence["_Operand"], vs: ValueSets) -> None:
+  """A function of SOps whose interpreter values are known only to within rounding (a
+  numerical mean of non-integer values, summed left to right in floats; what is computed from
+  one) must not change within that rounding. Proved by exhaustion: ``f`` is called on every
+  float64 each operand may hold (:func:`floats_within` its bound around each of its values),
+  with every value of the other operands, and must give the output it gives at the exact
+  values (a numerical ``e``: within 1e-9 relative; the largest change becomes ``e``'s own
+  rounding). Raises ``ValueError`` when it changes, or when more than
+  :data:`MAX_ROUNDING_CALLS` calls would be needed: the compiled model's exactness cannot be
+  proved then, and a compiled model that might disagree with the interpreter is refused."""
+  bounds = [vs.rounding.get(op.e.unique_id) if op.numerical else None for op in ops]
+  if not any(bounds):
     return
   numerical = rasp.is_numerical(e)
+  per_op = []   # for each operand: [(exact value, candidate floats)]
+  calls = 1
+  for op, bound in zip(ops, bounds, strict=True):
+    rows = []
+    n_op = 0
+    for x in op.values:
+      if x is None:
+        continue
+      if bound:
+        eps = bound[0] + bound[1] * abs(float(x))
+        cands = floats_within(float(x), eps, MAX_ROUNDING_CALLS)
+        if cands is None:
+          raise _unprovable(e, op, x, eps)
+        cands = cands.tolist()
+      else:
+        cands = [x]
+      rows.append((x, cands))
+      n_op += len(cands)
+    per_op.append(rows)
+    calls *= max(n_op, 1)
+  if calls > MAX_ROUNDING_CALLS:
+    rounded = next(op for op, b in zip(ops, bounds, strict=True) if b)
+    raise _unprovable(e, rounded, None, None, calls)
   worst = 0.0
-  for x in op.values:
-    if x is None:
-      continue
-    eps = bound[0] + bound[1] * abs(float(x))
-    for rest in others:
-      ref = call_or_raises(f, x, *rest)
-      for t in _near(float(x), eps):
-        y = call_or_raises(f, t, *rest)
-        if not _same(y, ref, numerical):
-          raise ValueError(
-              f"'{e.label}' changes from {ref!r} to {y!r} between {x!r} and {t!r}, within the "
-              f"float rounding (±{eps:.2g}) of its input '{op.e.label}' (a mean of non-integer "
-              "values, which the interpreter sums in floats): the compiled model and the "
-              "interpreter could disagree. Round the input first, or compare with a margin.")
-        if numerical and ref is not RAISES and ref is not None and y is not None:
-          worst = max(worst, abs(float(y) - float(ref)))
+  for combo in itertools.product(*per_op):
+    exact = [x for x, _ in combo]
+    ref = call_or_raises(f, *exact)
+    for ts in itertools.product(*[c for _, c in combo]):
+      y = call_or_raises(f, *ts)
+      if not _same(y, ref, numerical):
+        raise ValueError(
+            f"'{e.label}' gives {ref!r} at {tuple(exact)!r} but {y!r} at {tuple(ts)!r}, within the float "
+            f"rounding of its input(s) {[op.e.label for op, b in zip(ops, bounds, strict=True) if b]} (a "
+            "mean of non-integer values, which the interpreter sums in floats): the compiled model and "
+            "the interpreter could disagree. Round the input first, or compare with a margin.")
+      if numerical and ref is not RAISES and ref is not None and y is not None:
+        worst = max(worst, abs(float(y) - float(ref)))
   if numerical and worst:
     vs.rounding[e.unique_id] = (max(vs.rounding.get(e.unique_id, (0.0, 0.0))[0], 2.0 * worst), 0.0)
+
+
+def _unprovable(e, op, x, eps, calls=None) -> ValueError:
+  where = (f"{calls:,} calls" if calls is not None else
+           f"more than {MAX_ROUNDING_CALLS:,} floats within ±{eps:.2g} of {x!r}")
+  return ValueError(
+      f"'{e.label}' reads '{op.e.label}', whose interpreter value is known only to within float "
+      f"rounding (a mean of non-integer values, summed in floats); proving '{e.label}' constant "
+      f"there takes {where}, so the compiled model cannot be shown to agree with the interpreter. "
+      "Round the input first (e.g. Map(lambda x: round(x, 6))), or average integers.")
 
 
 def map_lane(e: rasp.Map, vs: ValueSets, res: Residual, errors: ModelError) -> Lane:
   lane = Lane(e.label)
   op = _Operand(e.inner, vs, res, errors)
-  check_rounding(e, e.f, op, vs)
+  check_rounding(e, e.f, [op], vs)
   outs = [None if v is None else call_or_raises(e.f, v) for v in op.values]
   _raise_dim(e, outs, res)
   depth, inds, reps = _operand_indicators(lane, op, outs)
@@ -341,10 +389,7 @@ def sequence_map_lane(e: rasp.SequenceMap, vs: ValueSets, res: Residual, errors:
   when the model would be too large)."""
   lane = Lane(e.label)
   a, b = _Operand(e.fst, vs, res, errors), _Operand(e.snd, vs, res, errors)
-  bvals = [(y,) for y in b.values if y is not None]
-  avals = [(x,) for x in a.values if x is not None]
-  check_rounding(e, e.f, a, vs, bvals)
-  check_rounding(e, lambda y, x: e.f(x, y), b, vs, avals)
+  check_rounding(e, e.f, [a, b], vs)
   table = [[None if (x is None or y is None) else call_or_raises(e.f, x, y) for y in b.values]
            for x in a.values]
   _raise_dim(e, [y for row in table for y in row], res)

@@ -6,23 +6,28 @@ over one selector); and which SOps may be None (:func:`maybe_none`, :func:`check
 
 from __future__ import annotations
 
-import fractions
 import itertools
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from jaxmem.rasp import rasp
-from jaxmem.rasp.passes.rasp_to_graph import kind, selector_key, sop_inputs
+from jaxmem.rasp.passes.rasp_to_graph import selector_key
 from jaxmem.rasp.passes.values import (
   MAX_PAIRS,
+  MAX_SUMSET_WORK,
   MAX_VALUE_SET,
   RAISES,
   call_or_raises,
   is_number,
   sort_values,
   unique_values,
+  value_key,
 )
+
+
+def _exact_in_float64(v) -> bool:
+  return not isinstance(v, (int, np.integer)) or isinstance(v, bool) or abs(int(v)) <= 2 ** 53
 
 
 class ValueSets:
@@ -38,13 +43,13 @@ class ValueSets:
     self.vocab = list(vocab)
     self.N = max_seq_len
     self.memo: Dict[int, list] = {}
-    self.images: Dict[int, list] = {}   # unchecked value sets (see image)
+    self.images: Dict[int, Any] = {}   # unchecked value sets (see image), or the ValueError raised
     # numerical SOp -> (a, r): the interpreter's value of exact value x is within a + r·|x|
     self.rounding: Dict[int, tuple] = {}
 
   def __getitem__(self, e: rasp.SOp) -> list:
     if e.unique_id not in self.memo:
-      vs = self._infer(e)
+      vs = self._inferred(e)
       declared = e._annotations.get("value_set")
       if declared is not None:
         extra = [v for v in vs if v not in declared]
@@ -65,9 +70,21 @@ class ValueSets:
     None: :func:`maybe_none` asks)."""
     if e.unique_id in self.memo:
       return self.memo[e.unique_id]
-    if e.unique_id not in self.images:   # maybe_none asks twice (check_none, then the weights)
-      self.images[e.unique_id] = self._infer(e)
-    return self.images[e.unique_id]
+    return self._inferred(e)
+
+  def _inferred(self, e: rasp.SOp) -> list:
+    """``_infer(e)`` once per compile: its result, or the ValueError it raised, is kept."""
+    if e.unique_id not in self.images:
+      try:
+        self.images[e.unique_id] = self._infer(e)
+        if isinstance(e, rasp.LinearSequenceMap):
+          self._linear_rounding(e)
+      except ValueError as exc:
+        self.images[e.unique_id] = exc
+    out = self.images[e.unique_id]
+    if isinstance(out, ValueError):
+      raise out
+    return out
 
   def numbers(self, e: rasp.SOp) -> np.ndarray:
     """A numerical SOp's value set as sorted float64 (None counts as 0)."""
@@ -112,14 +129,19 @@ class ValueSets:
     numerical means over the same selector (tracr's ``opens − closes``) from the sums both
     means can have together; for other numbers, one vectorised outer sum. None: not numbers."""
     a, b, ca, cb = e.fst, e.snd, e.fst_fac, e.snd_fac
-    if all(isinstance(x, rasp.Aggregate) and rasp.is_numerical(x) and is_number(x.default)
-           for x in (a, b)) and selector_key(a.selector) == selector_key(b.selector):
+    # the joint sums hold only for a numerical result: a categorical one is a table over the
+    # pairs of the two value sets (its lane's), so its value set is every pair's
+    if rasp.is_numerical(e) and all(
+        isinstance(x, rasp.Aggregate) and rasp.is_numerical(x) and is_number(x.default)
+        for x in (a, b)) and selector_key(a.selector) == selector_key(b.selector):
       out = self._joint_means(e)
       if out is not None:
         return out
     va, vb = self[a], self[b]
     if not all(is_number(v) for v in va + vb) or len(va) * len(vb) > 20 * MAX_VALUE_SET:
       return None
+    if not all(_exact_in_float64(v) for v in va + vb + [ca, cb]):
+      return None    # Python's exact integers: the generic image calls the function
     xa = np.asarray([float(v) for v in va])[:, None]
     xb = np.asarray([float(v) for v in vb])[None, :]
     out = np.unique((ca * xa + cb * xb).ravel())
@@ -127,7 +149,23 @@ class ValueSets:
       raise ValueError(f"LinearSequenceMap '{e.label}' takes {out.size} values, more than "
                        f"{MAX_VALUE_SET}; declare smaller value sets.")
     ints = all(isinstance(v, (int, np.integer)) for v in va + vb + [ca, cb])
+    if ints and float(np.max(np.abs(out), initial=0.0)) >= 2 ** 53:
+      return None    # float64 sums of such integers may round
     return [int(v) for v in out] if ints else [float(v) for v in out]
+
+  def _linear_rounding(self, e: rasp.LinearSequenceMap) -> None:
+    """``c_a·a + c_b·b`` of inputs known to the interpreter only within rounding: its own bound
+    (absolute), the inputs' scaled by ``|c|`` plus the roundings of the two products and the sum."""
+    bounds = [self.rounding.get(c.unique_id) for c in (e.fst, e.snd)]
+    if not any(bounds):
+      return
+    total, mag = 0.0, 0.0
+    for c, fac, bound in zip((e.fst, e.snd), (e.fst_fac, e.snd_fac), bounds, strict=True):
+      m = float(np.max(np.abs(np.asarray([float(v) for v in self[c] if v is not None])), initial=0.0))
+      a, r = bound or (0.0, 0.0)
+      total += abs(float(fac)) * (a + r * m)
+      mag += abs(float(fac)) * m
+    self.rounding[e.unique_id] = (total + 4 * 2.0 ** -53 * mag, 0.0)
 
   def _joint_means(self, e: rasp.LinearSequenceMap) -> Optional[list]:
     """``c_a·mean(A) + c_b·mean(B)`` where both means select the same positions: over every
@@ -145,6 +183,7 @@ class ValueSets:
     out = [np.asarray([ca * float(a.default) + cb * float(b.default)])]
     sums = np.zeros((1, 2), np.int64)
     for w in range(1, self.N + 1):
+      self._work(e, sums.shape[0] * P.shape[0])
       sums = np.unique((sums[:, None, :] + P[None, :, :]).reshape(-1, 2), axis=0)
       self._cap(e, sums.shape[0] * (self.N - w + 1))
       out.append(ca * (sums[:, 0] / w) + cb * (sums[:, 1] / w))
@@ -187,46 +226,68 @@ class ValueSets:
     return sorted(out)
 
   def _means(self, e: rasp.Aggregate) -> np.ndarray:
-    """Every mean of 1..N values of the input's set, plus the default. Integer inputs: exact
-    integer sum-sets, each mean ``s / w`` rounded once (what Python's ``sum(ints) / len``
-    gives). Other inputs: exact rationals (``fractions.Fraction``) rounded once; the
-    interpreter's sequential float sums can differ from these by an ulp."""
+    """Every mean of 1..N values of the input's set, plus the default: the sum-set of ``w``
+    values for every ``w`` on exact integers (floats scaled by their common power of two), each
+    mean ``s / w`` rounded once (Python's correctly rounded division; what the interpreter's
+    ``sum(ints) / len`` gives for integers). The size cap is checked at every step, and a step
+    whose work (sums × values) exceeds :data:`MAX_SUMSET_WORK` is refused before it starts. The
+    interpreter's sequential float sums of non-integers can differ from these: the bound is
+    recorded in ``rounding``."""
     raw = [v for v in self[e.sop] if v is not None]
     bad = [v for v in raw if not is_number(v)]
     if bad:
       raise ValueError(f"numerical Aggregate '{e.label}' averages non-numerical values {bad[:5]} "
                        f"of '{e.sop.label}'.")
     base = np.unique(np.asarray([float(v) for v in raw], np.float64))
+    if not np.all(np.isfinite(base)):
+      raise ValueError(f"numerical Aggregate '{e.label}' averages the non-finite values "
+                       f"{base[~np.isfinite(base)][:3].tolist()} of '{e.sop.label}'.")
     default = 0.0 if e.default is None else float(e.default)
-    out = [np.asarray([default])]
     inherited = self.rounding.get(e.sop.unique_id)   # the input's own rounding, passed on
     if inherited:
       self.rounding[e.unique_id] = inherited
-    if base.size and np.all(base == np.round(base)) and np.max(np.abs(base)) < 2 ** 40:
-      sums = np.zeros(1)
+    integers = bool(np.all(base == np.round(base)))
+    if not integers:
+      # The interpreter sums floats left to right, so it may return any value within the
+      # error bound of a sequential sum (γ_{N−1}·Σ|v| / w) and of the division (u·|mean|) of
+      # the exact mean computed here; Maps reading this are checked against that bound. With
+      # terms of one sign Σ|v| / w is |mean|, so the bound is relative.
+      u = 2.0 ** -53
+      a0, r0 = inherited or (0.0, 0.0)
+      g = 1.01 * (self.N + 1) * u
+      if np.all(base >= 0) or np.all(base <= 0):
+        self.rounding[e.unique_id] = (a0, r0 + g + u)
+      else:
+        self.rounding[e.unique_id] = (a0 + g * float(np.max(np.abs(base))), r0 + u)
+    # exact integers k_i = v_i · 2^s (every float64 is an integer times a power of two)
+    ratios = [float(v).as_integer_ratio() for v in base]
+    den = max((d for _, d in ratios), default=1)
+    ks = [n * (den // d) for n, d in ratios]
+    means = [default]
+    if not ks:
+      return np.unique(np.asarray(means))
+    if max(abs(k) for k in ks) * self.N < 2 ** 62:    # numpy int64, no overflow
+      K = np.asarray(ks, np.int64)
+      sums = np.zeros(1, np.int64)
       for w in range(1, self.N + 1):
-        sums = np.unique((sums[:, None] + base[None, :]).ravel())
+        self._work(e, sums.size * K.size)
+        sums = np.unique((sums[:, None] + K[None, :]).ravel())
         self._cap(e, sums.size * (self.N - w + 1))
-        out.append(sums / w)
-      return np.unique(np.concatenate(out))
-    # The interpreter sums floats left to right, so it may return any value within the
-    # error bound of a sequential sum (γ_{N−1}·Σ|v| / w) and of the division (u·|mean|) of
-    # the exact mean computed here; Maps reading this are checked against that bound. With
-    # terms of one sign Σ|v| / w is |mean|, so the bound is relative.
-    u = 2.0 ** -53
-    a0, r0 = inherited or (0.0, 0.0)
-    g = 1.01 * (self.N + 1) * u
-    if np.all(base >= 0) or np.all(base <= 0):
-      self.rounding[e.unique_id] = (a0, r0 + g + u)
+        means += [int(s_) / (den * w) for s_ in sums.tolist()]
     else:
-      self.rounding[e.unique_id] = (a0 + g * float(np.max(np.abs(base))), r0 + u)
-    fb = {fractions.Fraction(float(v)) for v in base}
-    sums = {fractions.Fraction(0)}
-    for w in range(1, self.N + 1):
-      sums = {s_ + v for s_ in sums for v in fb}
-      self._cap(e, len(sums) * (self.N - w + 1))
-      out.append(np.asarray([float(s_ / w) for s_ in sums]))
-    return np.unique(np.concatenate(out))
+      psums = {0}
+      for w in range(1, self.N + 1):
+        self._work(e, len(psums) * len(ks))
+        psums = {s_ + k for s_ in psums for k in ks}
+        self._cap(e, len(psums) * (self.N - w + 1))
+        means += [s_ / (den * w) for s_ in psums]
+    return np.unique(np.asarray(means, np.float64))
+
+  def _work(self, e, size):
+    if size > MAX_SUMSET_WORK:
+      raise ValueError(f"'{e.label}' (a mean, or a sum of means): enumerating its values takes more "
+                       f"than {MAX_SUMSET_WORK:,} sums, and would give more values than can be "
+                       "discretised downstream; use fewer input values or a smaller max_seq_len.")
 
   def _cap(self, e, size):
     if size > MAX_VALUE_SET:
@@ -236,8 +297,9 @@ class ValueSets:
 
 
 def maybe_none(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets") -> Dict[int, bool]:
-  """Which SOps may be ``None`` somewhere: an Aggregate with default None (or of a SOp that
-  may be None), a Map / SequenceMap of one, or one whose function returns None."""
+  """Which SOps may be ``None`` somewhere: an Aggregate with default None whose selector may select
+  nothing (:func:`selects_self`), or of a SOp that may be None, a Map / SequenceMap of one, or one
+  whose function returns None."""
   maybe: Dict[int, bool] = {}
 
   def returns_none(e) -> bool:
@@ -249,13 +311,38 @@ def maybe_none(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets") -> Dict[int, boo
       return False
 
   for e in nodes:
-    if isinstance(e, rasp.Aggregate):
-      maybe[e.unique_id] = e.default is None or maybe[e.sop.unique_id]
+    if isinstance(e, rasp.Aggregate):   # a selector that always selects the query's position: no default
+      maybe[e.unique_id] = maybe[e.sop.unique_id] or (e.default is None and not selects_self(e.selector, vs))
     elif isinstance(e, (rasp.Map, rasp.SequenceMap)):
       maybe[e.unique_id] = any(maybe[c.unique_id] for c in e.children) or returns_none(e)
     else:
       maybe[e.unique_id] = False
   return maybe
+
+
+def selects_self(sel: rasp.Selector, vs: "ValueSets") -> bool:
+  """Whether ``sel`` selects every query's own position on every input (so an Aggregate over it
+  never falls back to its default): a Select with the TRUE predicate, or comparing one SOp with
+  itself under a predicate true of every value with itself (``EQ``, ``LEQ``, ``GEQ``; a custom
+  one is called on the value set); an ``And`` of two such, an ``Or`` with one. A causal mask
+  keeps the query's own position, so this holds causally too."""
+  if isinstance(sel, rasp.Select):
+    if sel.predicate is rasp.Comparison.TRUE:
+      return True
+    if sel.keys.unique_id != sel.queries.unique_id:
+      return False
+    if sel.predicate in (rasp.Comparison.EQ, rasp.Comparison.LEQ, rasp.Comparison.GEQ):
+      return True   # a None value raises in the interpreter and, checked at run time, in the model
+    try:
+      values = [v for v in vs.image(sel.keys) if v is not None]
+    except ValueError:
+      return False
+    return all(call_or_raises(lambda v: bool(sel.predicate(v, v)), v) is True for v in values)
+  if isinstance(sel, rasp.SelectorAnd):
+    return selects_self(sel.fst, vs) and selects_self(sel.snd, vs)
+  if isinstance(sel, rasp.SelectorOr):
+    return selects_self(sel.fst, vs) or selects_self(sel.snd, vs)
+  return False
 
 
 def check_none(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets", output: rasp.SOp) -> List[rasp.SOp]:
@@ -264,28 +351,42 @@ def check_none(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets", output: rasp.SOp
   of :class:`~jaxmem.rasp.rasp.Comparison` Selects: tracr's Comparisons raise on None), which
   the compiled model checks at run time.
 
-  * A numerical SOp computed from a SOp that may be None, and read by another op: the
-    interpreter passes None on, a numerical dimension holds a number (0), and a later op
-    would turn it into a real value. As the program's output a Map or SequenceMap reads 0;
-    a numerical Aggregate is refused even as the output (the interpreter raises on a mean
-    with None in it, the model would average 0).
+  * A numerical SOp that may be None: a numerical dimension has no value for None (it would
+    hold 0.0, which the output would decode, or the ops reading it treat as a number). Such a
+    SOp is refused wherever it is, the program's output included: a numerical Aggregate with
+    default None whose selector may select nothing (:func:`selects_self` proves some never do),
+    a numerical Aggregate, Map or SequenceMap of a SOp that may be None, a numerical Map or
+    SequenceMap whose function returns None. tracr refuses these too (its numerical
+    Aggregates need default 0).
+  * A numerical Aggregate of non-numbers.
   * A SOp that may be None as the key or query of a predicate that is not a Comparison:
     the interpreter calls the predicate on None, a compiled head (None is the zero vector)
     matches nothing."""
   maybe = maybe_none(nodes, vs)
-  read = {c.unique_id for n in nodes for c in n.children}
-  read |= {s.unique_id for n in nodes if kind(n) in ("attn", "width") for s in sop_inputs(n)}
   for e in nodes:
-    if isinstance(e, (rasp.Map, rasp.SequenceMap, rasp.Aggregate)) and rasp.is_numerical(e) \
-        and (isinstance(e, rasp.Aggregate) or (e is not output and e.unique_id in read)):
-      ins = [e.sop] if isinstance(e, rasp.Aggregate) else list(e.children)
-      bad = [c for c in ins if maybe[c.unique_id]]
+    if isinstance(e, rasp.Aggregate) and rasp.is_numerical(e) and rasp.is_categorical(e.sop):
+      bad = [v for v in vs[e.sop] if v is not None and not is_number(v)]
       if bad:
-        raise ValueError(
-            f"numerical SOp '{e.label}' reads '{bad[0].label}', which may be None: the interpreter "
-            "passes None on, but a numerical dimension holds a number, which the ops reading "
-            f"'{e.label}' would treat as a value. Give the Aggregate it comes from a default, or "
-            "make it categorical.")
+        raise ValueError(f"numerical Aggregate '{e.label}' averages the non-numerical values "
+                         f"{bad[:5]!r} of '{e.sop.label}'; a numerical mean needs numbers (or bools).")
+  for e in nodes:
+    if not (isinstance(e, rasp.SOp) and rasp.is_numerical(e) and maybe[e.unique_id]):
+      continue
+    where = "the program's output" if e is output else "read by another op"
+    ins = [e.sop] if isinstance(e, rasp.Aggregate) else list(e.children)
+    bad = [c for c in ins if maybe[c.unique_id]]
+    if bad:
+      why = (f"it reads '{bad[0].label}', which may be None (the interpreter then gives None, or "
+             "raises averaging None with numbers)")
+    elif isinstance(e, rasp.Aggregate):
+      why = ("it has default None and its selector may select no position there (the interpreter "
+             "then gives None)")
+    else:
+      why = "its function returns None on some value of its input"
+    raise ValueError(
+        f"numerical SOp '{e.label}' ({where}) may be None: {why}, but a numerical dimension has no "
+        "value for None (the model would read 0.0). Give the Aggregate a numerical default "
+        "(e.g. default=0, as tracr requires), or make the SOp categorical.")
   checked: Dict[int, rasp.SOp] = {}
   for e in nodes:
     if not isinstance(e, rasp.Select):
@@ -302,4 +403,115 @@ def check_none(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets", output: rasp.SOp
   return list(checked.values())
 
 
-__all__ = ["ValueSets", "check_none", "maybe_none"]
+_NUMBER_TYPES = (bool, int, float)
+
+
+def at_most_one(sel: rasp.Selector, vs: "ValueSets") -> bool:
+  """Whether ``sel`` selects at most one position per query: a Select whose keys are ``indices``
+  (distinct) and whose predicate holds for at most one index per query value (``EQ``, or
+  checked on the value sets: ``k == p``), or an ``And`` with one."""
+  if isinstance(sel, rasp.Select):
+    if not isinstance(sel.keys, rasp.IndicesType):
+      return False
+    if sel.predicate is rasp.Comparison.EQ:
+      return True
+    try:
+      queries = [q for q in vs.image(sel.queries) if q is not None]
+    except ValueError:
+      return False
+    if len(queries) * vs.N > MAX_PAIRS:
+      return False
+    return all(sum(call_or_raises(lambda k, q: bool(sel.predicate(k, q)), k, q) is True
+                   for k in range(vs.N)) <= 1 for q in queries)
+  if isinstance(sel, rasp.SelectorAnd):
+    return at_most_one(sel.fst, vs) or at_most_one(sel.snd, vs)
+  return False
+
+
+def _alternates(v: Any, types: frozenset) -> list:
+  """``v`` as each number type in ``types`` that holds its value (``1`` → ``1``, ``1.0``, ``True``)."""
+  out = [v]
+  if not is_number(v) or isinstance(v, np.number):
+    return out
+  for t in types:
+    if t is bool and v not in (0, 1):
+      continue
+    if t is int and not float(v).is_integer():
+      continue
+    w = t(v)
+    if w == v and type(w) is not type(v):
+      out.append(w)
+  return out
+
+
+def check_value_types(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets") -> Dict[int, frozenset]:
+  """The interpreter's type of a value can depend on the input where the compiled model's
+  cannot: an Aggregate returns a single selected value as it is (``1``, ``True``) and a mean of
+  several as a float (``1.0``, tracr's rule), and its default when nothing is selected. A
+  one-hot slot (or a numerical dimension) holds the value, not its type. Returns, for each SOp
+  whose values may come in several number types, those types; a Map, SequenceMap or custom
+  predicate reading one is called on each value in each such type and must give equal values
+  (its output's types are passed on), else ``ValueError`` naming it (``str`` of a mean)."""
+  amb: Dict[int, frozenset] = {}
+
+  def types_of(c: rasp.SOp) -> frozenset:
+    if c.unique_id in amb:
+      return amb[c.unique_id]
+    try:
+      return frozenset(type(v) for v in vs.image(c) if v is not None)
+    except ValueError:
+      return frozenset(_NUMBER_TYPES)
+
+  def values_of(c: rasp.SOp) -> list:
+    return [v for v in vs.image(c) if v is not None]
+
+  def check(e, f, ins: List[rasp.SOp], what: str) -> Optional[frozenset]:
+    if not any(c.unique_id in amb for c in ins):
+      return None
+    if isinstance(e, rasp.LinearSequenceMap):   # no function to observe a type: int or float out
+      return frozenset((int, float))
+    try:
+      domains = [values_of(c) for c in ins]
+    except ValueError:
+      return frozenset(_NUMBER_TYPES)   # no table over it either: its lane refuses it
+    out_types = set()
+    for exact in itertools.product(*domains):
+      ref = call_or_raises(f, *exact)
+      alts = [_alternates(x, amb[c.unique_id]) if c.unique_id in amb else [x]
+              for x, c in zip(exact, ins, strict=True)]
+      for args in itertools.product(*alts):
+        y = call_or_raises(f, *args)
+        if (y is RAISES) != (ref is RAISES) or (y is not RAISES and value_key(y) != value_key(ref)):
+          raise ValueError(
+              f"{what} '{e.label}' gives {ref!r} at {exact!r} but {y!r} at {args!r}: the interpreter "
+              "returns a single selected value as it is and a mean of several as a float (tracr's "
+              "rule), so which of these it sees depends on the input, while the compiled model "
+              "holds only the value. Make the function depend on the value alone (e.g. "
+              "float(x) or int(x) first), or select one position.")
+        if y is not RAISES and y is not None:
+          out_types.add(type(y))
+    numeric = {t for t in out_types if t in _NUMBER_TYPES}
+    return frozenset(numeric) if len(numeric) > 1 else None
+
+  for e in nodes:
+    if isinstance(e, rasp.Aggregate):
+      t = set(types_of(e.sop))
+      if not (rasp.is_categorical(e) and at_most_one(e.selector, vs)):
+        t.add(float)          # a mean of several
+      if rasp.is_numerical(e):
+        t.add(float)          # the value set holds the means as floats
+      if e.default is not None and not selects_self(e.selector, vs):
+        t.add(type(e.default))
+      numeric = {x for x in t if x in _NUMBER_TYPES}
+      if len(numeric) > 1:
+        amb[e.unique_id] = frozenset(numeric)
+    elif isinstance(e, (rasp.Map, rasp.SequenceMap)):
+      t = check(e, e.f, list(e.children), "Map" if isinstance(e, rasp.Map) else "SequenceMap")
+      if t:
+        amb[e.unique_id] = t
+    elif isinstance(e, rasp.Select) and not isinstance(e.predicate, rasp.Comparison):
+      check(e, lambda k, q, p=e.predicate: bool(p(k, q)), [e.keys, e.queries], "the predicate of Select")
+  return amb
+
+
+__all__ = ["ValueSets", "at_most_one", "check_none", "check_value_types", "maybe_none", "selects_self"]

@@ -92,8 +92,6 @@ def sop_inputs(e: rasp.RASPExpr) -> List[rasp.SOp]:
 
 def check_types(nodes: Sequence[rasp.RASPExpr], output: Optional[rasp.SOp] = None) -> None:
   """Encodings the compiler cannot honour exactly → ``ValueError`` naming the node."""
-  read = {c.unique_id for n in nodes for c in n.children}
-  read |= {s.unique_id for n in nodes if kind(n) in ("attn", "width") for s in sop_inputs(n)}
   for e in nodes:
     if isinstance(e, rasp.Aggregate):
       if rasp.is_categorical(e) and rasp.is_numerical(e.sop):
@@ -101,11 +99,6 @@ def check_types(nodes: Sequence[rasp.RASPExpr], output: Optional[rasp.SOp] = Non
             f"categorical Aggregate '{e.label}' averages the numerical SOp '{e.sop.label}': "
             "numerical where categorical is needed. Make the aggregate numerical "
             "(rasp.numerical) or the value categorical.")
-      if rasp.is_numerical(e) and e.default is None and e.unique_id in read and e is not output:
-        raise ValueError(
-            f"numerical Aggregate '{e.label}' has default None and is read by another op: the "
-            "interpreter passes None on (a Map of None is None) but a numerical dimension holds "
-            "0. Give it a numerical default, e.g. default=0 (tracr requires one too).")
       if rasp.is_numerical(e) and e.default is not None and not is_number(e.default):
         raise ValueError(f"numerical Aggregate '{e.label}' has the non-numerical default "
                          f"{e.default!r}.")

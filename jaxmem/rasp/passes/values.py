@@ -12,13 +12,14 @@ import numpy as np
 
 MAX_VALUE_SET = 200_000  # larger numerical value sets are refused, not discretised
 MAX_PAIRS = 2_000_000    # a SequenceMap is called on at most this many pairs of input values
+MAX_SUMSET_WORK = 4_000_000  # one step of a mean's sum-set adds at most this many pairs
 
 
 def sort_values(values) -> list:
   """A deterministic order for a value set of mixed types."""
   def key(v):
-    if isinstance(v, (bool, int, float, np.number)):
-      return (0, float(v), "")
+    if isinstance(v, (bool, int, float, np.number)):   # exact order: 2**53 + 1 after 2**53
+      return (0, v.item() if isinstance(v, np.number) else v, "")
     return (1, 0.0, f"{type(v).__name__}:{v!r}")
   return sorted(values, key=key)
 
@@ -73,5 +74,5 @@ def is_number(v: Any) -> bool:
   return isinstance(v, (numbers.Real, np.number)) and not isinstance(v, complex)
 
 
-__all__ = ["MAX_PAIRS", "MAX_VALUE_SET", "RAISES", "call_or_raises", "is_number", "sort_values",
-           "unique_values", "value_key"]
+__all__ = ["MAX_PAIRS", "MAX_SUMSET_WORK", "MAX_VALUE_SET", "RAISES", "call_or_raises", "is_number",
+           "sort_values", "unique_values", "value_key"]
