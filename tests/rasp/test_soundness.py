@@ -96,10 +96,10 @@ def test_an_indicator_of_a_float_mean_flipping_inside_its_rounding_is_refused():
   target = sum([0.3] * 46) / 46
   hit = rasp.Map(lambda v: v == target, mean).named("hit")
   assert rasp.evaluate(hit, ["a"] * 48)[44:] == [False, True, True, True]
-  t0 = time.perf_counter()
+  t0 = time.process_time()
   with pytest.raises(ValueError, match="'hit' gives False at \\(0.3,\\) but True at"):
     rasp.compile(hit, list("ab"), 48)
-  assert time.perf_counter() - t0 < 5.0
+  assert time.process_time() - t0 < 1.0
 
 
 def test_a_threshold_away_from_every_float_mean_is_proved_and_exact():
@@ -159,10 +159,10 @@ def test_an_oversize_mean_is_refused_within_a_second_and_inferred_once(monkeypat
   program = rasp.Map(lambda v: v > 0.5, m2)
   for N in (8, 16, 40):
     calls.clear()
-    t0 = time.perf_counter()
+    t0 = time.process_time()   # CPU time: the suite shares the machine's cores with other workers
     with pytest.raises(ValueError, match="'m2'.*can take more than|'m2'.*takes more than"):
       rasp.compile(program, list(range(1, 12)), N)
-    assert time.perf_counter() - t0 < 1.0, N
+    assert time.process_time() - t0 < 1.0, N
     assert sorted(calls) == sorted(set(calls)), calls   # each mean's values inferred once
 
 
@@ -193,7 +193,7 @@ def test_tracr_interpreter_agrees_on_the_means():
   ones = tracr_rasp.Map(lambda t: 1, tracr_rasp.tokens)
   mean = tracr_rasp.Aggregate(tracr_rasp.Select(tracr_rasp.tokens, tracr_rasp.tokens,
                                                 tracr_rasp.Comparison.EQ), ones)
-  want = mean(list("aab")).value if hasattr(mean(list("aab")), "value") else tracr_rasp.evaluate(mean, list("aab"))
+  want = tracr_rasp.evaluate(mean, list("aab"))
   ours = rasp.Aggregate(rasp.Select(rasp.tokens, rasp.tokens, C.EQ), rasp.Map(lambda t: 1, rasp.tokens))
   got = rasp.evaluate(ours, list("aab"))
   assert got == want and [type(v) for v in got] == [type(v) for v in want]

@@ -452,21 +452,38 @@ def check_value_types(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets") -> Dict[i
   whose values may come in several number types, those types; a Map, SequenceMap or custom
   predicate reading one is called on each value in each such type and must give equal values
   (its output's types are passed on), else ``ValueError`` naming it (``str`` of a mean)."""
-  amb: Dict[int, frozenset] = {}
+  amb: Dict[int, Optional[frozenset]] = {}   # None: one type per value
 
   def types_of(c: rasp.SOp) -> frozenset:
-    if c.unique_id in amb:
-      return amb[c.unique_id]
+    t = amb_of(c)
+    if t:
+      return t
     try:
       return frozenset(type(v) for v in vs.image(c) if v is not None)
     except ValueError:
       return frozenset(_NUMBER_TYPES)
 
+  def amb_of(c: rasp.SOp) -> Optional[frozenset]:
+    """Computed when a reader asks (Aggregates), or in graph order (Maps, SequenceMaps)."""
+    if c.unique_id not in amb:
+      amb[c.unique_id] = None
+      if isinstance(c, rasp.Aggregate):
+        t = set(types_of(c.sop))
+        if not (rasp.is_categorical(c) and at_most_one(c.selector, vs)):
+          t.add(float)          # a mean of several
+        if rasp.is_numerical(c):
+          t.add(float)          # the value set holds the means as floats
+        if c.default is not None and not selects_self(c.selector, vs):
+          t.add(type(c.default))
+        numeric = {x for x in t if x in _NUMBER_TYPES}
+        amb[c.unique_id] = frozenset(numeric) if len(numeric) > 1 else None
+    return amb[c.unique_id]
+
   def values_of(c: rasp.SOp) -> list:
     return [v for v in vs.image(c) if v is not None]
 
   def check(e, f, ins: List[rasp.SOp], what: str) -> Optional[frozenset]:
-    if not any(c.unique_id in amb for c in ins):
+    if not any(amb_of(c) for c in ins):
       return None
     if isinstance(e, rasp.LinearSequenceMap):   # no function to observe a type: int or float out
       return frozenset((int, float))
@@ -477,8 +494,7 @@ def check_value_types(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets") -> Dict[i
     out_types = set()
     for exact in itertools.product(*domains):
       ref = call_or_raises(f, *exact)
-      alts = [_alternates(x, amb[c.unique_id]) if c.unique_id in amb else [x]
-              for x, c in zip(exact, ins, strict=True)]
+      alts = [_alternates(x, amb_of(c)) if amb_of(c) else [x] for x, c in zip(exact, ins, strict=True)]
       for args in itertools.product(*alts):
         y = call_or_raises(f, *args)
         if (y is RAISES) != (ref is RAISES) or (y is not RAISES and value_key(y) != value_key(ref)):
@@ -494,24 +510,11 @@ def check_value_types(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets") -> Dict[i
     return frozenset(numeric) if len(numeric) > 1 else None
 
   for e in nodes:
-    if isinstance(e, rasp.Aggregate):
-      t = set(types_of(e.sop))
-      if not (rasp.is_categorical(e) and at_most_one(e.selector, vs)):
-        t.add(float)          # a mean of several
-      if rasp.is_numerical(e):
-        t.add(float)          # the value set holds the means as floats
-      if e.default is not None and not selects_self(e.selector, vs):
-        t.add(type(e.default))
-      numeric = {x for x in t if x in _NUMBER_TYPES}
-      if len(numeric) > 1:
-        amb[e.unique_id] = frozenset(numeric)
-    elif isinstance(e, (rasp.Map, rasp.SequenceMap)):
-      t = check(e, e.f, list(e.children), "Map" if isinstance(e, rasp.Map) else "SequenceMap")
-      if t:
-        amb[e.unique_id] = t
+    if isinstance(e, (rasp.Map, rasp.SequenceMap)):
+      amb[e.unique_id] = check(e, e.f, list(e.children), "Map" if isinstance(e, rasp.Map) else "SequenceMap")
     elif isinstance(e, rasp.Select) and not isinstance(e.predicate, rasp.Comparison):
       check(e, lambda k, q, p=e.predicate: bool(p(k, q)), [e.keys, e.queries], "the predicate of Select")
-  return amb
+  return {k: v for k, v in amb.items() if v}
 
 
 __all__ = ["ValueSets", "at_most_one", "check_none", "check_value_types", "maybe_none", "selects_self"]
