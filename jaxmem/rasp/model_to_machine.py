@@ -77,13 +77,32 @@ def to_machine(model: CompiledModel) -> MachineModel:
   one = names.index("one")
   tok, pos = model._embed
   embedded = np.any(tok != 0, axis=0) | np.any(pos != 0, axis=0)
+  layers_np = model._layers_np
+  written = np.zeros(d, bool)   # by some layer: a head's W_O, an MLP's last map or bias
+  for lw in layers_np:
+    if "heads" in lw:
+      written |= np.any(np.asarray(lw["heads"]["wo"]) != 0, axis=(0, 1))
+    if lw.get("mlp"):
+      w, b = lw["mlp"][-1]
+      written |= np.any(np.asarray(w) != 0, axis=0) | (np.asarray(b) != 0)
   L = Layout()
   for i, n in enumerate(names):
-    L.add(n, 1, "written by the embedding" if embedded[i] else "a dimension of the compiled residual",
-          is_input=bool(embedded[i]))
-  layers_np = model._layers_np
+    # a dimension no layer writes (a constant Map of None or 0.0) is 0 from the embedding on
+    start = bool(embedded[i] or not written[i])
+    L.add(n, 1, "written by the embedding" if embedded[i] else
+          "a dimension of the compiled residual" if written[i] else "0 at every position (no layer writes it)",
+          is_input=start)
+
+  def mlp_of(lw) -> list:
+    """The layer's MLP; one that has a hidden layer of no units (its ops write only None or 0.0)
+    computes its last bias alone: one linear map from ``one``."""
+    mlp = lw.get("mlp", [])
+    if any(w.shape[1] == 0 for w, _ in mlp[:-1]):
+      return [(np.zeros((d, d), np.float32), mlp[-1][1])]
+    return mlp
+
   for l, lw in enumerate(layers_np):   # the hidden slots, after the compiled residual
-    for j, (w, _) in enumerate(lw.get("mlp", [])[:-1]):
+    for j, (w, _) in enumerate(mlp_of(lw)[:-1]):
       L.add(f"layer{l}.mlp{j}.pre", w.shape[1], f"layer {l}'s MLP, hidden layer {j} before its ReLU")
       L.add(f"layer{l}.mlp{j}", w.shape[1], f"layer {l}'s MLP, hidden layer {j}")
   layers, weights = [], {}
@@ -101,7 +120,7 @@ def to_machine(model: CompiledModel) -> MachineModel:
       layers.append(AHATLayer(name, H, dk, dv, "heads of " + ", ".join(ops["attn"]),
                               tol=float(model.meta["tie_tol"]), causal=bool(model.meta.get("causal", False))))
       weights[name] = aw
-    mlp = lw.get("mlp", [])
+    mlp = mlp_of(lw)
     src = None   # the slot the next linear map reads: None for the residual
     for j, (w, b) in enumerate(mlp):
       lin = LinearWeights(L)

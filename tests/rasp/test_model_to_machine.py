@@ -47,3 +47,20 @@ def test_a_compiled_model_on_the_machine_equals_the_interpreter(name, causal):
 def test_to_machine_refuses_what_is_not_a_compiled_model():
   with pytest.raises(ValueError, match="`model` must be a CompiledModel"):
     to_machine(PROGRAMS["reverse"].build(N))
+
+
+def test_constant_maps_run_on_the_machine():
+  """An MLP with no hidden units (its Maps write only None or 0.0) made an empty slot, and a
+  dimension no layer writes was 'read before any layer writes' it (4 of 149 fuzzed models)."""
+  zero = rasp.numerical(rasp.Map(lambda t: 0, rasp.tokens))
+  programs = [rasp.Map(lambda t: None, rasp.tokens),
+              rasp.numerical(rasp.Map(lambda t: 0.0, rasp.tokens)),
+              rasp.numerical(rasp.Aggregate(rasp.Select(rasp.indices, rasp.indices, rasp.Comparison.LEQ), zero,
+                                            default=0))]
+  xs = _inputs("ab")
+  for program in programs:
+    model = rasp.compile(program, list("ab"), N)
+    got = to_machine(model).apply_batch(xs)
+    assert got == model.apply_batch(xs)
+    for x, g in zip(xs, got, strict=True):
+      assert conformance.agree(model.meta["output"]["encoding"], rasp.evaluate(program, x), g)[0], (x, g)
