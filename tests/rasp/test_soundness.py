@@ -145,6 +145,15 @@ def test_a_select_whose_keys_raise_on_every_value_compiles_and_raises_where_the_
       model.apply(list("ab"))
 
 
+def test_a_numerical_sop_with_an_empty_value_set_compiles():
+  """IndexError in map_lane (fuzz seed 0, index 20): a numerical SOp whose function raises on every
+  value, read as a Select key through its categorical copy, had no value to discretise."""
+  fill = rasp.Full("ab")
+  number = rasp.numerical(rasp.Map(lambda x: int(x), fill))
+  program = rasp.numerical(rasp.Aggregate(rasp.Select(number, fill, C.EQ), number, default=-1))
+  _exact(program, ["", "a", "ab"], 3)
+
+
 def test_an_oversize_mean_is_refused_within_a_second_and_inferred_once(monkeypatch):
   """A mean of a mean of many float values: its sum-set was summed as Fractions with the cap
   checked after each full step, and inferred twice per compile (minutes to refuse)."""

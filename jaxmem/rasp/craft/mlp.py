@@ -225,6 +225,9 @@ def _operand_indicators(lane: Lane, op: _Operand, keys: List[Any]):
       classes[kk].append(i)
     cls = [classes[k] for k in order]
     return 0, _indicators_categorical(op.space, cls), [c[0] for c in cls]
+  if not keys:   # an empty value set (a function raising on every value): nothing to tell apart
+    lane.add_layer().append(Unit({}, bias=1.0, bos=-2.0))
+    return 1, [], []
   cuts, runs = _runs([value_key(k) for k in keys])
   if not cuts:
     l1 = lane.add_layer()
