@@ -265,15 +265,26 @@ def floats_within(x: float, eps: float, limit: int) -> Optional[np.ndarray]:
   """Every float64 in ``[x − eps, x + eps]`` (ends rounded outwards), or None when more than
   ``limit``: every value the interpreter may hold for a SOp whose exact value is ``x`` and
   whose float error is at most ``eps``."""
+  span = _float_span(x, eps)
+  if span is None or int(span[1]) - int(span[0]) + 1 > limit:
+    return None
+  k = np.arange(span[0], span[1] + 1, dtype=np.int64)
+  return np.where(k < 0, (-k) | _SIGN, k).view(np.float64)
+
+
+def _float_span(x: float, eps: float):
+  """The ordered keys of the first and last float64 in ``[x − eps, x + eps]`` (None: not finite)."""
   lo = np.nextafter(np.float64(x) - np.float64(eps), -np.inf)
   hi = np.nextafter(np.float64(x) + np.float64(eps), np.inf)
   if not (np.isfinite(lo) and np.isfinite(hi)):
     return None
   klo, khi = _ordered(np.asarray([lo, hi]))
-  if int(khi) - int(klo) + 1 > limit:
-    return None
-  k = np.arange(klo, khi + 1, dtype=np.int64)
-  return np.where(k < 0, (-k) | _SIGN, k).view(np.float64)
+  return int(klo), int(khi)
+
+
+def _count_within(x: float, eps: float) -> float:
+  span = _float_span(x, eps)
+  return np.inf if span is None else span[1] - span[0] + 1
 
 
 def check_rounding(e: rasp.SOp, f, ops: Sequence["_Operand"], vs: ValueSets) -> None:
@@ -290,6 +301,14 @@ def check_rounding(e: rasp.SOp, f, ops: Sequence["_Operand"], vs: ValueSets) -> 
   if not any(bounds):
     return
   numerical = rasp.is_numerical(e)
+  calls = 1.0   # counted before any candidate is built
+  for op, bound in zip(ops, bounds, strict=True):
+    vals = [x for x in op.values if x is not None]
+    calls *= max(sum(_count_within(float(x), bound[0] + bound[1] * abs(float(x))) for x in vals)
+                 if bound else len(vals), 1)
+  if calls > MAX_ROUNDING_CALLS:
+    rounded = next(op for op, b in zip(ops, bounds, strict=True) if b)
+    raise _unprovable(e, rounded, None, None, calls)
   per_op = []   # for each operand: [(exact value, candidate floats)]
   calls = 1
   for op, bound in zip(ops, bounds, strict=True):
@@ -332,7 +351,7 @@ def check_rounding(e: rasp.SOp, f, ops: Sequence["_Operand"], vs: ValueSets) -> 
 
 
 def _unprovable(e, op, x, eps, calls=None) -> ValueError:
-  where = (f"{calls:,} calls" if calls is not None else
+  where = (f"{calls:,.0f} calls" if calls is not None else
            f"more than {MAX_ROUNDING_CALLS:,} floats within ±{eps:.2g} of {x!r}")
   return ValueError(
       f"'{e.label}' reads '{op.e.label}', whose interpreter value is known only to within float "
