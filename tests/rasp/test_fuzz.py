@@ -31,8 +31,9 @@ def test_a_seeded_slice_compiles_to_models_equal_to_the_interpreter():
   summary = fuzz.run(SEED, SLICE, machine_every=3)
   assert summary.programs == SLICE and summary.compiled >= SLICE // 2, summary.table()
   assert summary.wrong == 0 and summary.crashes == 0, summary.report()
-  slow = [(r.index, r.compile_s, r.message) for r in summary.results
-          if r.status == "refused" and r.compile_s is not None and r.compile_s >= 1.0]
+  # CPU time: the suite runs on two workers beside other jobs, and the wall clock counts them
+  slow = [(r.index, r.compile_cpu_s, r.compile_s, r.message) for r in summary.results
+          if r.status == "refused" and r.compile_cpu_s is not None and r.compile_cpu_s >= 1.0]
   assert not slow, slow
   checked = collections.Counter(p for r in summary.results if r.compiled for p in r.paths)
   assert checked["model"] == summary.compiled and checked["machine"] >= summary.compiled // 4

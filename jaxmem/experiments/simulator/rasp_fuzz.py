@@ -115,13 +115,15 @@ def run(ctx: RunContext, s: RaspFuzzSettings) -> ExperimentResult:
       f"{s.timeout_s:g} s (a hang).",
   ]
   if sr is not None:
-    notes.append(f"Slowest refusal: seed {sr.seed}, index {sr.index}, {sr.compile_s:.2f} s: {sr.message[:200]}")
+    notes.append(f"Slowest refusal: seed {sr.seed}, index {sr.index}, {sr.compile_cpu_s:.2f} s of CPU "
+                 f"({sr.compile_s:.2f} s wall): {sr.message[:200]}")
   if sc is not None:
     notes.append(f"Slowest compile: seed {sc.seed}, index {sc.index}, {sc.compile_s:.2f} s.")
   failures = [{"seed": r.seed, "index": r.index, "kind": f.kind, "path": f.path, "message": f.message[:300]}
               for r in summary.results for f in r.failures]
   (ctx.outdir / "programs.json").write_text(json.dumps(
-      [{"index": r.index, "status": r.status, "compile_s": r.compile_s, "seconds": r.seconds}
+      [{"index": r.index, "status": r.status, "compile_s": r.compile_s, "compile_cpu_s": r.compile_cpu_s,
+        "seconds": r.seconds}
        for r in summary.results]))
   seconds = time.perf_counter() - t0
   notes.append(f"Wall time {seconds:.0f} s (with shrinking).")
@@ -132,6 +134,7 @@ def run(ctx: RunContext, s: RaspFuzzSettings) -> ExperimentResult:
       metrics={"programs": summary.programs, "compiled": summary.compiled, "refused": summary.count("refused"),
                "wrong": summary.wrong, "crashes": summary.crashes, "seconds": summary.seconds,
                "slowest_refusal_s": None if sr is None else sr.compile_s,
+               "slowest_refusal_cpu_s": None if sr is None else sr.compile_cpu_s,
                "slowest_compile_s": None if sc is None else sc.compile_s,
                "classes": len(classes), "failures": failures})
 

@@ -282,9 +282,23 @@ def _float_span(x: float, eps: float):
   return int(klo), int(khi)
 
 
-def _count_within(x: float, eps: float) -> float:
-  span = _float_span(x, eps)
-  return np.inf if span is None else span[1] - span[0] + 1
+def _count_all_within(vals: Sequence, bound: Tuple[float, float]) -> float:
+  """How many float64 lie within ``bound[0] + bound[1]·|x|`` of each of ``vals``, summed (inf: some
+  end is not finite); :func:`floats_within`'s counts, computed for all values at once."""
+  if len(vals) > MAX_ROUNDING_CALLS:
+    return float(len(vals))   # at least one candidate each: over the limit already
+  x = np.asarray([float(v) for v in vals], np.float64)
+  eps = np.float64(bound[0]) + np.float64(bound[1]) * np.abs(x)
+  with np.errstate(over="ignore", invalid="ignore"):
+    lo = np.nextafter(x - eps, -np.inf)
+    hi = np.nextafter(x + eps, np.inf)
+  if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+    return np.inf
+  khi, klo = _ordered(hi), _ordered(lo)
+  approx = khi.astype(np.float64) - klo.astype(np.float64)
+  with np.errstate(over="ignore"):
+    exact = (khi - klo).astype(np.float64)   # wraps only where the span is huge: approx is used there
+  return float(np.sum(np.where(approx < 2.0 ** 52, exact, approx) + 1.0))
 
 
 def check_rounding(e: rasp.SOp, f, ops: Sequence["_Operand"], vs: ValueSets) -> None:
@@ -304,8 +318,7 @@ def check_rounding(e: rasp.SOp, f, ops: Sequence["_Operand"], vs: ValueSets) -> 
   calls = 1.0   # counted before any candidate is built
   for op, bound in zip(ops, bounds, strict=True):
     vals = [x for x in op.values if x is not None]
-    calls *= max(sum(_count_within(float(x), bound[0] + bound[1] * abs(float(x))) for x in vals)
-                 if bound else len(vals), 1)
+    calls *= max(_count_all_within(vals, bound) if bound else len(vals), 1)
   if calls > MAX_ROUNDING_CALLS:
     rounded = next(op for op, b in zip(ops, bounds, strict=True) if b)
     raise _unprovable(e, rounded, None, None, calls)

@@ -431,6 +431,8 @@ def at_most_one(sel: rasp.Selector, vs: "ValueSets") -> bool:
 def _alternates(v: Any, types: frozenset) -> list:
   """``v`` as each number type in ``types`` that holds its value (``1`` → ``1``, ``1.0``, ``True``)."""
   out = [v]
+  if type(v) is float and not v.is_integer():
+    return out   # neither an int nor a bool holds it
   if not is_number(v) or isinstance(v, np.number):
     return out
   for t in types:
@@ -492,11 +494,12 @@ def check_value_types(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets") -> Dict[i
     except ValueError:
       return frozenset(_NUMBER_TYPES)   # no table over it either: its lane refuses it
     out_types = set()
+    types = [amb_of(c) for c in ins]
     for exact in itertools.product(*domains):
       ref = call_or_raises(f, *exact)
-      alts = [_alternates(x, amb_of(c)) if amb_of(c) else [x] for x, c in zip(exact, ins, strict=True)]
-      for args in itertools.product(*alts):
-        y = call_or_raises(f, *args)
+      alts = [_alternates(x, types[i]) if types[i] else [x] for i, x in enumerate(exact)]
+      for args in (itertools.product(*alts) if any(len(a) > 1 for a in alts) else (exact,)):
+        y = ref if args is exact else call_or_raises(f, *args)
         if (y is RAISES) != (ref is RAISES) or (y is not RAISES and value_key(y) != value_key(ref)):
           raise ValueError(
               f"{what} '{e.label}' gives {ref!r} at {exact!r} but {y!r} at {args!r}: the interpreter "
