@@ -387,8 +387,9 @@ class Simulator:
   """U for inputs of length ``n <= max_len``: ``Simulator(params, X)`` = ``T(X)``.
 
   Built by :func:`build_simulator` from sizes only. ``weights`` (the fixed matrices:
-  ``{layer: {"wq", "wk", "wv", "wo"}}`` for AHAT layers, ``{layer: {"w"}}`` for linear ones),
-  ``wiring`` (the coordinates each product / unary layer reads and writes), ``layers`` (one
+  ``{layer: {"wq", "wk", "wv", "wo"}}`` for AHAT layers, ``{layer: {"entries"}}`` for linear ones:
+  the values of their terms), ``wiring`` (the coordinates each product / unary layer reads and
+  writes, and each linear term's ``rows, cols``), ``layers`` (one
   :class:`~jaxmem.machine.LayerInfo` per layer), ``num_heads`` (AHAT heads of U in
   all), ``heads_per_layer``, ``num_params`` (entries of the fixed matrices), ``num_nonzero``,
   ``width`` (residual width), ``sequence_length(n)`` (positions for ``X [n, D]``),
@@ -418,14 +419,16 @@ class Simulator:
 
   @property
   def weights(self) -> dict:
-    """``{layer: {name: matrix}}``: the fixed matrices of U's AHAT (``wq, wk, wv, wo``) and
-    linear (``w``) layers (a fresh dict of the same immutable arrays)."""
+    """``{layer: {name: array}}``: the fixed weights of U's AHAT (``wq, wk, wv, wo``) and
+    linear (``entries``: the values of ``M``'s terms) layers (a fresh dict of the same immutable
+    arrays)."""
     return {name: dict(w) for name, w in self._program.weights.items()}
 
   @property
   def wiring(self) -> dict:
     """``{layer: {"out", "a"[, "b"]}}``: the residual coordinates of each product / unary layer
-    (``out_k = a_k · b_k`` or ``op(a_k)``; numpy copies)."""
+    (``out_k = a_k · b_k`` or ``op(a_k)``), and ``{layer: {"rows", "cols"}}`` of each linear layer's
+    terms (``M[rows[k], cols[k]] = entries[k]``); numpy copies."""
     return {name: {k: v.copy() for k, v in w.items()} for name, w in self._program.wiring.items()}
 
   @property

@@ -144,7 +144,7 @@ def test_the_structure_check_rejects_the_old_design(sims):
       lw = LinearWeights(L)
       for p, (name, _) in enumerate(levels[depth]):
         for slot, at in levels[depth - 1][2 * p: 2 * p + 2]:
-          lw.w[L[slot].start + at, L[name].start] = 1.0
+          lw.add_entries([L[slot].start + at], [L[name].start], [1.0])
       layers.append(LinearLayer(f"level{depth}", "pairwise sums"))
       weights[f"level{depth}"] = lw
     level = levels[-1]
@@ -163,8 +163,8 @@ def test_the_structure_check_rejects_the_old_design(sims):
   L = Layout()
   L.add("v", 3, "input", is_input=True)
   L.add("s", 1, "a sum")
-  lw = LinearWeights(L)   # its `add` refuses a reduction; a hand-written matrix does not
-  lw.w[L["v"].start:L["v"].start + 3, L["s"].start] = 1.0   # s = v_0 + v_1 + v_2: a reduction
+  lw = LinearWeights(L)   # its `add` refuses a reduction; a hand-written block does not
+  lw.add_block("v", L["s"].start, np.ones((3, 1)))   # s = v_0 + v_1 + v_2: a reduction
   with pytest.raises(AssertionError, match="reads more than two coords"):
     assert_attention_does_the_work(Program(L, [LinearLayer("sum", "s = Σ v")], {"sum": lw}))
   aw = AttentionWeights(L, 1, 1, 1)
@@ -186,7 +186,7 @@ def _builders(prog):
       out[layer.name] = b
     elif isinstance(layer, LinearLayer):
       b = LinearWeights(prog.layout)
-      b.w = w["w"]
+      b.add_entries(*prog.linear_entries(layer.name))
       out[layer.name] = b
   return out
 
@@ -366,7 +366,9 @@ def test_layers_heads_and_sizes(sims):
         P += D * ffn + ffn + D + n * ffn + n * D * ffn
       assert sim.sequence_length(n) == P
     fixed = sum(2 * sim.width * i.num_heads * (i.key_dim + i.value_dim) for i in sim.layers if i.kind == "ahat")
-    fixed += sum(sim.width ** 2 for i in sim.layers if i.kind == "linear")
+    # the linear layers store their non-zero terms only: lower_bound 2 + 2G (nonrow = 1 − S.hi0), shift 2; the
+    # encoder adds residual 2, ffn_bias 4, ffn_residual 2
+    fixed += 2 * G + 4 + (8 if ffn is not None else 0)
     assert sim.num_params == fixed
   info = {i.name: i for i in sims["H2"].layers}
   assert info["row_max"].reads == ("one", "is_bos", "is_S", "S.hi", "score", "mk_in", "mk_out")
