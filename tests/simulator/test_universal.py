@@ -303,6 +303,51 @@ def test_row_max_is_the_exact_maximum_and_ties_are_served(sims, key, H, Dh):
     assert rel_err(sim.decode(out_seq), attention_layer_numpy(params, X)) <= REL_TOL
 
 
+def _scores_of_magnitude(target, rng, X):
+  """Attention params whose scores are target·(Σ_d X_i)(Σ_d X_j)/D² (rank one: rows of X with one sum tie)."""
+  H, Dh = 2, DH
+  wq, wk = np.zeros((2, H, D, Dh), np.float32)
+  wq[:, :, 0] = 1e18
+  wk[:, :, 0] = np.float32(target * np.sqrt(Dh) / (D * D * 1e18))
+  return AttentionParams(wq, wk, rng.standard_normal((H, D, Dh)).astype(np.float32),
+                         rng.standard_normal((H, Dh, D)).astype(np.float32))
+
+
+@pytest.mark.parametrize("target", [-2.5e37, -8e37, 1e38])
+def test_huge_tied_scores_stay_finite(sims, target):
+  """Scores up to 1e38 in magnitude, tied across the sequence and within rows (repeated rows of X): U's argmax
+  heads `global_min` and `row_max` average tied values, which the kernel sums before dividing by their count;
+  64 tied minima of −2.5e37 overflowed float32 and U returned NaN (review of issue 37). The values now enter
+  scaled by 1/c, c a power of two at least the most ties, and W_O multiplies the mean back: finite for every
+  score above −2**126 (−8e37 is just above it) and exact as before (the row max within an ulp of U's own
+  maximum: a mean of k ≥ 3 equal values rounds once)."""
+  sim = sims["H2"]
+  L = sim.program.layout
+  rng = np.random.default_rng(8)
+  for X in (np.ones((MAX_LEN, D), np.float32), np.array([[1] * D, [1] * D, [.5] * D, [1] * D], np.float32)):
+    params = _scores_of_magnitude(target, rng, X)
+    out_seq = np.asarray(sim.run_sequence(sim.encode(params, X)))
+    assert np.isfinite(out_seq).all()
+    assert rel_err(sim.decode(out_seq), attention_layer_numpy(params, X)) <= REL_TOL
+    S = out_seq[sim.cell_positions(MAX_LEN)["S"]]
+    score = S[:, L["score"].start].reshape(2, MAX_LEN, MAX_LEN, DH)
+    rowmax = S[:, L["rowmax"].start].reshape(2, MAX_LEN, MAX_LEN, DH)
+    assert np.abs(score).max() >= abs(target) / 4
+    top = np.broadcast_to(score.max(axis=(2, 3), keepdims=True), rowmax.shape)
+    np.testing.assert_array_max_ulp(rowmax, top, maxulp=1)
+
+
+def test_scores_at_or_below_minus_2_to_126_are_refused(sims):
+  """U's row max bounds every score by low = 2·min(score) − 1, which must be a finite float32: lower scores are
+  out of U's range, and refused at the boundary rather than returning NaN."""
+  X = np.ones((2, D), np.float32)
+  params = _scores_of_magnitude(-9e37, np.random.default_rng(0), X)
+  with pytest.raises(ValueError, match=r"`params` and `X` give an attention score of -9e\+37, at or below"):
+    sims["H2"](params, X)
+  with pytest.raises(ValueError, match="at or below"):
+    sims["enc"](EncoderParams(params, *random_params(np.random.default_rng(1), D, 2, DH, F)[1:]), X)
+
+
 def test_queries_outside_a_selection_read_the_bos(sims):
   """Every AHAT layer selects by tags among one cell type; a query of another type matches no key and must
   get the BOS's value (the default key, score K − ½), never the mean of the whole sequence."""
