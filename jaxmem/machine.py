@@ -302,7 +302,7 @@ class LinearWeights:
 
   def entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The slot-to-slot terms as ``(rows, cols, values)``: repeated pairs summed, zeros dropped, sorted by
-    ``(col, row)`` (the blocks are not included: :func:`linear_entries` gives all of ``M``)."""
+    ``(col, row)`` (the blocks are not included: :meth:`Program.linear_entries` gives all of ``M``)."""
     if not self._entries:
       return np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float32)
     rows, cols, vals = (np.concatenate(a) for a in zip(*self._entries, strict=True))
@@ -438,6 +438,8 @@ class Program:
     """The non-zero entries ``(rows, cols, values)`` of linear layer ``name``'s matrix ``M [width, width]``
     (terms and blocks summed, sorted by ``(col, row)``): what ``x ← x + x M`` combines, without building
     ``M``."""
+    if name not in self._blocks:
+      raise ValueError(f"`name` must name a linear layer of this program, got {name!r}")
     wire, w = self.wiring[name], self.weights[name]
     rows, cols, vals = [wire["rows"]], [wire["cols"]], [np.asarray(w["entries"])]
     for k, (_, col) in enumerate(self._blocks[name]):

@@ -201,6 +201,8 @@ def test_linear_terms_and_blocks_are_the_matrix_they_store():
     lw.add_block([1, 1], 0, np.ones((2, 1)))
   with pytest.raises(ValueError, match="lie outside the residual"):
     lw.add_block([1], L.width - 1, np.ones((1, 2)))
+  with pytest.raises(ValueError, match="`name` must name a linear layer"):
+    prog.linear_entries("relu")
   with pytest.raises(ValueError, match="must have one length"):
     lw.add_entries([0, 1], [2], [1.0, 1.0])
   with pytest.raises(ValueError, match="outside the residual"):
