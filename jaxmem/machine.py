@@ -13,9 +13,11 @@ arXiv:2506.18739 v2, §3 and the RASP model it compiles from): a residual stream
   residual stream: ``x ← x + concat_h(AHAT_h(x W_Q, x W_K, x W_V)) W_O``. The layer is a
   call to :func:`jaxmem.kernels.ahat.ahat_sublayer` (the AHAT kernel between fixed projections,
   the same sublayer the RASP compiler's models run) — nothing else. The weights are numpy
-  arrays built once from sizes (never from data) and are stored in :attr:`Program.weights`.
-  Which slots a layer reads and writes is derived from the non-zero rows of ``W_Q, W_K, W_V``
-  and the non-zero columns of ``W_O``, so the description cannot drift from the weights.
+  arrays built once from sizes (never from data) and are stored in :attr:`Program.weights`,
+  over the layer's *span* of residual coordinates (all of them by default; a compiled model's
+  heads span its own residual, not the hidden slots after it). Which slots a layer reads and
+  writes is derived from the non-zero rows of ``W_Q, W_K, W_V`` and the non-zero columns of
+  ``W_O``, so the description cannot drift from the weights.
 
 The position-wise layers come in three *restricted* kinds, each a piece of data run by one
 shared piece of code that can do nothing else (the universal simulator and the constructions
@@ -23,7 +25,10 @@ use only these; there is no free-form map of a position, which could compute any
 
 * :class:`LinearLayer` — ``x ← x + x M`` with a fixed matrix ``M [width, width]``
   (:class:`LinearWeights`, stored in :attr:`Program.weights` like the attention weights): what
-  an MLP's or a projection's weights do. Reads and writes are derived from ``M``.
+  an MLP's or a projection's weights do. ``M`` is stored sparse — its slot-to-slot terms as
+  coordinate entries, an MLP's weight matrices as dense blocks — never as ``width²`` numbers, so a
+  program stores what its layers use (:attr:`Program.num_params`). Reads and writes are derived
+  from ``M``'s non-zero entries (:meth:`Program.linear_entries`).
 * :class:`ProductLayer` — ``out_k = a_k · b_k``: each output coordinate is the product of two
   residual coordinates of the same position (a size-1 operand slot is broadcast).
 * :class:`UnaryLayer` — ``out_k = op(a_k)`` for ``op`` in :data:`UNARY_OPS` (``exp``,
@@ -158,8 +163,8 @@ class AHATLayer:
 
 @dataclasses.dataclass(frozen=True)
 class LinearLayer:
-  """``x ← x + x M``: ``M [width, width]`` is fixed, ``Program.weights[name]["w"]`` (built by
-  :class:`LinearWeights`)."""
+  """``x ← x + x M``: ``M [width, width]`` is fixed, stored sparse in ``Program.weights[name]`` (built by
+  :class:`LinearWeights`; :meth:`Program.linear_entries` lists its non-zero entries)."""
   name: str
   computes: str
 
@@ -191,15 +196,23 @@ class AttentionWeights:
   """Builder of one AHAT layer's fixed matrices, addressed by slot names and head numbers.
 
   Head ``h`` owns columns ``[h·d_k, (h+1)·d_k)`` of ``W_Q`` and ``W_K`` and columns
-  ``[h·d_v, (h+1)·d_v)`` of ``W_V`` (rows of ``W_O``)."""
+  ``[h·d_v, (h+1)·d_v)`` of ``W_V`` (rows of ``W_O``). ``span = (start, stop)``: the residual
+  coordinates the layer reads and writes (default: all of them); the matrices hold only those rows
+  (``W_Q, W_K, W_V [stop − start, H·d]``) and columns (``W_O [H·d_v, stop − start]``), so a layer
+  over a few slots of a wide residual stores what it uses."""
 
-  def __init__(self, layout: Layout, num_heads: int, key_dim: int, value_dim: int):
+  def __init__(self, layout: Layout, num_heads: int, key_dim: int, value_dim: int, *,
+               span: Optional[tuple[int, int]] = None):
     self.layout, self.H, self.dk, self.dv = layout, num_heads, key_dim, value_dim
-    W = layout.width
-    self.wq = np.zeros((W, num_heads * key_dim), np.float32)
-    self.wk = np.zeros((W, num_heads * key_dim), np.float32)
-    self.wv = np.zeros((W, num_heads * value_dim), np.float32)
-    self.wo = np.zeros((num_heads * value_dim, W), np.float32)
+    start, stop = (0, layout.width) if span is None else (int(span[0]), int(span[1]))
+    if not 0 <= start < stop <= layout.width:
+      raise ValueError(f"`span` must satisfy 0 <= start < stop <= width={layout.width}, got {span!r}")
+    self.span = (start, stop)
+    S = stop - start
+    self.wq = np.zeros((S, num_heads * key_dim), np.float32)
+    self.wk = np.zeros((S, num_heads * key_dim), np.float32)
+    self.wv = np.zeros((S, num_heads * value_dim), np.float32)
+    self.wo = np.zeros((num_heads * value_dim, S), np.float32)
 
   def _block(self, mat, slot, head, width, start, matrix, slot_start, into_slot):
     m = np.atleast_2d(np.asarray(matrix, np.float32))
@@ -209,7 +222,9 @@ class AttentionWeights:
     head_n, slot_n = (m.shape[0], m.shape[1]) if into_slot else (m.shape[1], m.shape[0])
     if start + head_n > width or slot_start + slot_n > s.size:
       raise ValueError(f"block {m.shape} does not fit slot {slot!r} (size {s.size}) / head width {width}")
-    h0, s0 = head * width + start, s.start + slot_start
+    h0, s0 = head * width + start, s.start + slot_start - self.span[0]
+    if s0 < 0 or s0 + slot_n > self.span[1] - self.span[0]:
+      raise ValueError(f"slot {slot!r} lies outside the layer's span {self.span}")
     if into_slot:  # W_O: head coordinates (rows) -> slot coordinates (columns)
       mat[h0:h0 + head_n, s0:s0 + slot_n] += m
     else:          # W_Q / W_K / W_V: slot coordinates (rows) -> head coordinates (columns)
@@ -236,12 +251,17 @@ class AttentionWeights:
 
 
 class LinearWeights:
-  """Builder of one :class:`LinearLayer`'s fixed matrix ``M [width, width]`` (``x ← x + x M``),
-  addressed by slot names."""
+  """Builder of one :class:`LinearLayer`'s fixed matrix ``M [width, width]`` (``x ← x + x M``), stored
+  sparse: the non-zero entries of slot-to-slot terms (``rows, cols, values``: what U and the
+  constructions use, a few entries per output) and dense *blocks* (an MLP's weight matrices: a block
+  reads any residual coordinates ``rows`` and writes the contiguous columns ``[col_start, col_start +
+  k)``). ``M`` is their sum; nothing else is stored, so the parameters are the entries and the blocks'
+  sizes, not ``width²``."""
 
   def __init__(self, layout: Layout):
     self.layout = layout
-    self.w = np.zeros((layout.width, layout.width), np.float32)
+    self._entries: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    self.blocks: list[tuple[np.ndarray, int, np.ndarray]] = []
 
   def add(self, out: str, src: str, coeff: float = 1.0) -> None:
     """``x[out]_k += coeff · x[src]_k`` (``src`` of ``out``'s size), or ``coeff · x[src]_0`` for
@@ -250,10 +270,55 @@ class LinearWeights:
     if i.size not in (1, o.size):
       raise ValueError(f"slot {src!r} (size {i.size}) does not fit slot {out!r} (size {o.size})")
     rows = i.start + (np.arange(o.size) if i.size > 1 else np.zeros(o.size, int))
-    self.w[rows, o.start + np.arange(o.size)] += np.float32(coeff)
+    self.add_entries(rows, o.start + np.arange(o.size), np.full(o.size, coeff, np.float32))
 
-  def arrays(self) -> dict[str, np.ndarray]:
-    return {"w": self.w}
+  def add_entries(self, rows, cols, values) -> None:
+    """``M[rows[k], cols[k]] += values[k]`` (residual coordinates; repeated pairs add up)."""
+    rows, cols = np.asarray(rows, np.int64).reshape(-1), np.asarray(cols, np.int64).reshape(-1)
+    values = np.asarray(values, np.float32).reshape(-1)
+    if not rows.shape == cols.shape == values.shape:
+      raise ValueError(f"`rows`, `cols` and `values` must have one length, got {rows.shape}, {cols.shape}, "
+                       f"{values.shape}")
+    W = self.layout.width
+    if rows.size and (min(rows.min(), cols.min()) < 0 or max(rows.max(), cols.max()) >= W):
+      raise ValueError(f"an entry lies outside the residual of width {W}")
+    self._entries.append((rows, cols, values))
+
+  def add_block(self, rows, col_start: int, matrix) -> None:
+    """``M[rows, col_start : col_start + k] += matrix`` for ``matrix [len(rows), k]``: ``x[..., col_start:
+    col_start + k] += x[..., rows] @ matrix`` (``rows``: residual coordinates, distinct, or a slot name)."""
+    rows = np.r_[self.layout.slice(rows)] if isinstance(rows, str) else np.asarray(rows, np.int64).reshape(-1)
+    m = np.asarray(matrix, np.float32)
+    W = self.layout.width
+    if m.ndim != 2 or m.shape[0] != rows.size or m.size == 0:
+      raise ValueError(f"`matrix` must have shape [{rows.size}, k > 0] (one row per coordinate of `rows`), "
+                       f"got {m.shape}")
+    if len(np.unique(rows)) != rows.size or rows.min() < 0 or rows.max() >= W:
+      raise ValueError(f"`rows` must be distinct coordinates of the residual of width {W}")
+    if col_start < 0 or col_start + m.shape[1] > W:
+      raise ValueError(f"`col_start`: columns {col_start}..{col_start + m.shape[1] - 1} lie outside the "
+                       f"residual of width {W}")
+    self.blocks.append((rows.astype(np.int32), int(col_start), m.copy()))
+
+  def entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The slot-to-slot terms as ``(rows, cols, values)``: repeated pairs summed, zeros dropped, sorted by
+    ``(col, row)`` (the blocks are not included: :meth:`Program.linear_entries` gives all of ``M``)."""
+    if not self._entries:
+      return np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float32)
+    rows, cols, vals = (np.concatenate(a) for a in zip(*self._entries, strict=True))
+    return _sum_duplicates(rows, cols, vals)
+
+
+def _sum_duplicates(rows, cols, vals) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Entries with repeated ``(row, col)`` summed (in float32, in the order given), zeros dropped, sorted
+  by ``(col, row)``."""
+  order = np.lexsort((rows, cols))
+  rows, cols, vals = rows[order], cols[order], vals[order]
+  first = np.r_[True, (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1])] if len(rows) else np.zeros(0, bool)
+  rows, cols = rows[first], cols[first]
+  vals = np.add.reduceat(vals, np.flatnonzero(first)).astype(np.float32) if len(vals) else vals
+  keep = vals != 0
+  return rows[keep].astype(np.int32), cols[keep].astype(np.int32), vals[keep].astype(np.float32)
 
 
 def _resolve_elementwise(layout: Layout, layer) -> dict[str, np.ndarray]:
@@ -287,11 +352,13 @@ def _slots_touched(layout: Layout, nonzero_coords: np.ndarray) -> tuple[str, ...
 
 
 class Program:
-  """A residual stream ``layout`` and its ``layers``; ``weights[name]`` is each AHAT layer's
-  :class:`AttentionWeights` (fixed ``wq, wk, wv, wo``) and each linear layer's
-  :class:`LinearWeights` (``w``). :meth:`run` maps ``[B, P, width]`` → ``[B, P, width]``
-  (or ``[P, width]`` → ``[P, width]``). ``single_assignment`` (the default): no layer writes a
-  slot that is an input or that an earlier layer wrote."""
+  """A residual stream ``layout`` and its ``layers``; ``weights[name]`` holds each AHAT layer's fixed
+  ``wq, wk, wv, wo`` (over the rows / columns of its :attr:`spans` entry, :class:`AttentionWeights`) and
+  each linear layer's stored matrix (:class:`LinearWeights`): ``entries`` (the values of its sparse terms,
+  at the coordinates ``wiring[name]["rows"], ["cols"]``) and ``block{k}`` (its dense blocks, reading the
+  coordinates ``wiring[name]["block{k}.rows"]``). :meth:`run` maps ``[B, P, width]`` → ``[B, P, width]``
+  (or ``[P, width]`` → ``[P, width]``). ``single_assignment`` (the default): no layer writes a slot that
+  is an input or that an earlier layer wrote."""
 
   def __init__(self, layout: Layout, layers: Sequence,
                weights: Mapping[str, "AttentionWeights | LinearWeights"], *, single_assignment: bool = True):
@@ -300,6 +367,9 @@ class Program:
     self.layers = tuple(layers)
     self.weights = {}
     self.wiring: dict[str, dict[str, np.ndarray]] = {}
+    self.spans: dict[str, tuple[int, int]] = {}   # AHAT layer -> the coordinates it reads and writes
+    self._blocks: dict[str, tuple] = {}   # linear layer -> ((rows: (start, stop) or index array, col), ...)
+    W = layout.width
     infos, written = [], {s.name for s in layout.slots if s.is_input}
     seen_out: set[str] = set()
     for layer in self.layers:
@@ -307,22 +377,42 @@ class Program:
         raise ValueError(f"`weights` has no entry for layer {layer.name!r}.")
       if isinstance(layer, AHATLayer):
         w = weights[layer.name]
+        if not isinstance(w, AttentionWeights):
+          raise ValueError(f"weights of {layer.name!r} must be AttentionWeights")
         if (w.H, w.dk, w.dv) != (layer.num_heads, layer.key_dim, layer.value_dim):
           raise ValueError(f"weights of {layer.name!r} do not match its head sizes")
+        if w.layout.width != W:
+          raise ValueError(f"weights of {layer.name!r} are for a residual of width {w.layout.width}, not {W}")
         arrs = w.arrays()
-        reads = _slots_touched(layout, np.any(arrs["wq"] != 0, 1) | np.any(arrs["wk"] != 0, 1)
-                               | np.any(arrs["wv"] != 0, 1))
-        writes = _slots_touched(layout, np.any(arrs["wo"] != 0, 0))
+        a, b = w.span
+        read, wrote = np.zeros(W, bool), np.zeros(W, bool)
+        read[a:b] = np.any(arrs["wq"] != 0, 1) | np.any(arrs["wk"] != 0, 1) | np.any(arrs["wv"] != 0, 1)
+        wrote[a:b] = np.any(arrs["wo"] != 0, 0)
+        reads, writes = _slots_touched(layout, read), _slots_touched(layout, wrote)
         self.weights[layer.name] = {k: device_array(v) for k, v in arrs.items()}
+        self.spans[layer.name] = (a, b)
         infos.append(LayerInfo(layer.name, "ahat", layer.num_heads, layer.key_dim, layer.value_dim,
                                reads, writes, layer.computes))
       elif isinstance(layer, LinearLayer):
         w = weights[layer.name]
         if not isinstance(w, LinearWeights):
           raise ValueError(f"weights of {layer.name!r} must be LinearWeights")
-        m = w.arrays()["w"]
-        reads, writes = _slots_touched(layout, np.any(m != 0, 1)), _slots_touched(layout, np.any(m != 0, 0))
-        self.weights[layer.name] = {"w": device_array(m)}
+        if w.layout.width != W:
+          raise ValueError(f"weights of {layer.name!r} are for a residual of width {w.layout.width}, not {W}")
+        rows, cols, vals = w.entries()
+        read, wrote = np.zeros(W, bool), np.zeros(W, bool)
+        read[rows], wrote[cols] = True, True
+        wire, arrs, blocks = {"rows": rows, "cols": cols}, {"entries": vals}, []
+        for k, (brows, col, m) in enumerate(w.blocks):
+          read[brows[np.any(m != 0, 1)]] = True
+          wrote[col + np.flatnonzero(np.any(m != 0, 0))] = True
+          wire[f"block{k}.rows"], arrs[f"block{k}"] = brows, m
+          contiguous = np.array_equal(brows, np.arange(brows[0], brows[0] + len(brows)))
+          blocks.append(((int(brows[0]), int(brows[0]) + len(brows)) if contiguous else brows, col))
+        reads, writes = _slots_touched(layout, read), _slots_touched(layout, wrote)
+        self.wiring[layer.name] = wire
+        self.weights[layer.name] = {k: device_array(v) for k, v in arrs.items()}
+        self._blocks[layer.name] = tuple(blocks)
         infos.append(LayerInfo(layer.name, "linear", 0, 0, 0, reads, writes, layer.computes))
       elif isinstance(layer, (ProductLayer, UnaryLayer)):
         self.wiring[layer.name] = _resolve_elementwise(layout, layer)
@@ -344,6 +434,22 @@ class Program:
     self.infos = tuple(infos)
     self._forward = jax.jit(self._forward_single_or_batch, static_argnames="single")
 
+  def linear_entries(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The non-zero entries ``(rows, cols, values)`` of linear layer ``name``'s matrix ``M [width, width]``
+    (terms and blocks summed, sorted by ``(col, row)``): what ``x ← x + x M`` combines, without building
+    ``M``."""
+    if name not in self._blocks:
+      raise ValueError(f"`name` must name a linear layer of this program, got {name!r}")
+    wire, w = self.wiring[name], self.weights[name]
+    rows, cols, vals = [wire["rows"]], [wire["cols"]], [np.asarray(w["entries"])]
+    for k, (_, col) in enumerate(self._blocks[name]):
+      m = np.asarray(w[f"block{k}"])
+      r, c = np.nonzero(m)
+      rows.append(wire[f"block{k}.rows"][r])
+      cols.append(col + c)
+      vals.append(m[r, c])
+    return _sum_duplicates(np.concatenate(rows), np.concatenate(cols), np.concatenate(vals))
+
   # -- sizes ---------------------------------------------------------------------------------
   @property
   def num_heads(self) -> int:
@@ -351,8 +457,9 @@ class Program:
 
   @property
   def num_params(self) -> int:
-    """Entries of all fixed weight matrices (attention and linear layers; products and unary
-    maps have none)."""
+    """Numbers stored in the fixed weights: the attention matrices over their spans, the linear layers'
+    term values and block entries (zeros inside a block included, as a dense model counts them; the
+    integer coordinates in :attr:`wiring` are not parameters). Products and unary maps have none."""
     return sum(int(a.size) for w in self.weights.values() for a in w.values())
 
   @property
@@ -401,9 +508,9 @@ class Program:
     keep = None if mask is None else mask[..., None]
     for layer in self.layers:
       if isinstance(layer, AHATLayer):
-        x = x + self._ahat(layer, weights[layer.name], x, mask)
+        x = self._ahat(layer, weights[layer.name], x, mask)
       elif isinstance(layer, LinearLayer):
-        x = x + jnp.einsum("bpw,wv->bpv", x, weights[layer.name]["w"], precision=HIGHEST)
+        x = self._linear(layer.name, weights[layer.name], x)
       elif isinstance(layer, ProductLayer):
         wire = self.wiring[layer.name]
         x = x.at[..., wire["out"]].add(x[..., wire["a"]] * x[..., wire["b"]])
@@ -414,14 +521,28 @@ class Program:
         x = jnp.where(keep, x, 0.0)
     return x
 
+  def _linear(self, name: str, w, x):
+    """``x + x M``: every term and block reads ``x`` as it was before the layer (gather, product, scatter-add
+    for the terms; a matrix product per block)."""
+    wire, out = self.wiring[name], x
+    if wire["rows"].size:
+      out = out.at[..., wire["cols"]].add(x[..., wire["rows"]] * w["entries"][None, None])
+    for k, (rows, col) in enumerate(self._blocks[name]):
+      m = w[f"block{k}"]
+      xr = x[..., rows[0]:rows[1]] if isinstance(rows, tuple) else x[..., rows]
+      out = out.at[..., col:col + m.shape[1]].add(jnp.einsum("bpr,rk->bpk", xr, m, precision=HIGHEST))
+    return out
+
   def _ahat(self, layer: AHATLayer, w, x, mask=None):
-    W = self.layout.width
+    """``x`` plus the layer's update, computed over the coordinates of its span only."""
+    a, b = self.spans[layer.name]
+    S = b - a
     H, dk, dv = layer.num_heads, layer.key_dim, layer.value_dim
-    per_head = lambda m, d: jnp.transpose(jnp.reshape(m, (W, H, d)), (1, 0, 2))   # [W, H·d] -> [H, W, d]
-    update, _ = ahat_sublayer(x, per_head(w["wq"], dk), per_head(w["wk"], dk), per_head(w["wv"], dv),
-                              jnp.reshape(w["wo"], (H, dv, W)), mask_BS=mask, tol=layer.tol,
+    per_head = lambda m, d: jnp.transpose(jnp.reshape(m, (S, H, d)), (1, 0, 2))   # [S, H·d] -> [H, S, d]
+    update, _ = ahat_sublayer(x[..., a:b], per_head(w["wq"], dk), per_head(w["wk"], dk), per_head(w["wv"], dv),
+                              jnp.reshape(w["wo"], (H, dv, S)), mask_BS=mask, tol=layer.tol,
                               causal=layer.causal)
-    return update
+    return x + update if S == self.layout.width else x.at[..., a:b].add(update)
 
   def describe(self) -> str:
     lines = ["| # | layer | kind | heads | d_k | d_v | reads | writes | computes |",

@@ -3,15 +3,23 @@
 :func:`to_machine` rewrites a :class:`~jaxmem.rasp.model.CompiledModel` as a machine
 :class:`~jaxmem.machine.Program` built from three of the kinds U is built from, and no
 kind of its own: each layer's heads are one :class:`~jaxmem.machine.AHATLayer` (the
-same fixed ``W_Q, W_K, W_V, W_O``, tie tolerance and causal mask), and its ReLU MLP
-``W_D relu(… relu(x W_1 + b_1) …) + b_D`` is a chain of
-:class:`~jaxmem.machine.LinearLayer` (a fixed matrix; the bias is the weight on the
-residual's ``one`` dimension, 1 at every position) and
+same fixed ``W_Q, W_K, W_V, W_O`` over the compiled residual's span, tie tolerance and causal mask),
+and its ReLU MLP ``W_D relu(… relu(x W_1 + b_1) …) + b_D`` is a chain of
+:class:`~jaxmem.machine.LinearLayer` (each matrix one dense block, its bias one more row: the weight
+on the residual's ``one`` dimension, 1 at every position) and
 :class:`~jaxmem.machine.UnaryLayer` ``relu`` over slots that hold the hidden units. The
 residual keeps the compiled model's dimensions, one slot each, in the same order (the hidden slots
-come after them); the input is the compiled model's embedding. So the compiler's models and U are
-programs of one machine, and both run their attention through
-:func:`jaxmem.kernels.ahat.ahat_sublayer`.
+come after them); the input is the compiled model's embedding, which sets every one of those
+dimensions (0 where a layer computes it), so they are all input slots. So the compiler's models and
+U are programs of one machine, and both run their attention through
+:func:`jaxmem.kernels.ahat.ahat_sublayer`; the machine stores what the compiled model stores, less
+the embeddings (``program.num_params <= model.num_params``).
+
+A hidden unit whose pre-activation is identically 0 (no weight on a live unit before it, no bias)
+is ``relu(0) = 0`` everywhere and gets no coordinate; a hidden layer left with none — the MLP of a
+Map whose value encodes to nothing, numerical 0 or categorical None — is 0, and the layers after it
+read only their biases (a layer with no live unit is left out). Two dimensions of one name (two
+SOps of one label) become slots ``name`` and ``name#1``.
 
 The machine's programs are single-assignment (each slot written once); a compiled model is not
 (its MLP removes the default a head wrote at BOS), so the program is built with
@@ -64,47 +72,55 @@ class MachineModel:
     return self.apply_batch([list(inputs)])[0]
 
 
+def _live_units(mlp, d: int) -> list[np.ndarray]:
+  """Per hidden layer of ``mlp`` (``[(w, b), …]``, the last pair the output map), the units whose
+  pre-activation is not identically zero: some weight on a live unit of the layer before (on the
+  residual, for the first) or a bias. Every other unit is ``relu(0) = 0`` at every position, so it is
+  left out of the machine (exactly: it only ever adds zeros)."""
+  live, prev = [], np.arange(d)
+  for w, b in mlp[:-1]:
+    w, b = np.asarray(w, np.float32), np.asarray(b, np.float32)
+    prev = np.flatnonzero(np.any(w[prev] != 0, axis=0) | (b != 0))
+    live.append(prev)
+  return live
+
+
+def _slot_names(names: Sequence[str]) -> list[str]:
+  """The compiled residual's dimension names as slot names: a name given to two dimensions (two SOps
+  of one label) gets ``#k`` after its ``k``-th repeat."""
+  seen: dict[str, int] = {}
+  out = []
+  for n in names:
+    k = seen.get(n, 0)
+    seen[n] = k + 1
+    out.append(n if k == 0 else f"{n}#{k}")
+  if len(set(out)) != len(out):
+    return [f"{n}#{i}" for i, n in enumerate(names)]
+  return out
+
+
 def to_machine(model: CompiledModel) -> MachineModel:
   """``model`` as a program of the simulator's machine (see the module docstring)."""
   if not isinstance(model, CompiledModel):
     raise ValueError(f"`model` must be a CompiledModel (from jaxmem.rasp.compile), got {type(model).__name__}.")
   names = list(model.residual_names)
   d = len(names)
-  if len(set(names)) != d:
-    raise ValueError("the compiled model's residual names are not unique; it cannot be laid out as slots.")
   if "one" not in names:
     raise ValueError("the compiled model has no `one` dimension to carry the MLP biases.")
   one = names.index("one")
   tok, pos = model._embed
   embedded = np.any(tok != 0, axis=0) | np.any(pos != 0, axis=0)
-  layers_np = model._layers_np
-  written = np.zeros(d, bool)   # by some layer: a head's W_O, an MLP's last map or bias
-  for lw in layers_np:
-    if "heads" in lw:
-      written |= np.any(np.asarray(lw["heads"]["wo"]) != 0, axis=(0, 1))
-    if lw.get("mlp"):
-      w, b = lw["mlp"][-1]
-      written |= np.any(np.asarray(w) != 0, axis=0) | (np.asarray(b) != 0)
   L = Layout()
-  for i, n in enumerate(names):
-    # a dimension no layer writes (a constant Map of None or 0.0) is 0 from the embedding on
-    start = bool(embedded[i] or not written[i])
-    L.add(n, 1, "written by the embedding" if embedded[i] else
-          "a dimension of the compiled residual" if written[i] else "0 at every position (no layer writes it)",
-          is_input=start)
-
-  def mlp_of(lw) -> list:
-    """The layer's MLP; one that has a hidden layer of no units (its ops write only None or 0.0)
-    computes its last bias alone: one linear map from ``one``."""
-    mlp = lw.get("mlp", [])
-    if any(w.shape[1] == 0 for w, _ in mlp[:-1]):
-      return [(np.zeros((d, d), np.float32), mlp[-1][1])]
-    return mlp
-
-  for l, lw in enumerate(layers_np):   # the hidden slots, after the compiled residual
-    for j, (w, _) in enumerate(mlp_of(lw)[:-1]):
-      L.add(f"layer{l}.mlp{j}.pre", w.shape[1], f"layer {l}'s MLP, hidden layer {j} before its ReLU")
-      L.add(f"layer{l}.mlp{j}", w.shape[1], f"layer {l}'s MLP, hidden layer {j}")
+  for i, n in enumerate(_slot_names(names)):   # all input: the embedding fills every compiled dimension
+    L.add(n, 1, "set by the embedding" if embedded[i] else "0 in the embedding; layers add to it",
+          is_input=True)
+  layers_np = model._layers_np
+  live = [_live_units(lw.get("mlp", []), d) for lw in layers_np]
+  for l, units in enumerate(live):   # the hidden slots, after the compiled residual
+    for j, u in enumerate(units):
+      if u.size:
+        L.add(f"layer{l}.mlp{j}.pre", u.size, f"layer {l}'s MLP, hidden layer {j} before its ReLU")
+        L.add(f"layer{l}.mlp{j}", u.size, f"layer {l}'s MLP, hidden layer {j}")
   layers, weights = [], {}
   for l, lw in enumerate(layers_np):
     ops = model.layer_ops[l]
@@ -112,23 +128,30 @@ def to_machine(model: CompiledModel) -> MachineModel:
       h = lw["heads"]
       H, _, dk = h["wq"].shape
       dv = h["wv"].shape[2]
-      aw = AttentionWeights(L, num_heads=H, key_dim=dk, value_dim=dv)
-      for name, mat in (("wq", h["wq"]), ("wk", h["wk"]), ("wv", h["wv"])):   # [H, d, k] -> [W, H·k]
-        getattr(aw, name)[:d] = np.transpose(mat, (1, 0, 2)).reshape(d, -1)
-      aw.wo[:, :d] = np.reshape(h["wo"], (H * dv, d))
+      aw = AttentionWeights(L, num_heads=H, key_dim=dk, value_dim=dv, span=(0, d))   # the compiled residual
+      for name, mat in (("wq", h["wq"]), ("wk", h["wk"]), ("wv", h["wv"])):   # [H, d, k] -> [d, H·k]
+        getattr(aw, name)[:] = np.transpose(mat, (1, 0, 2)).reshape(d, -1)
+      aw.wo[:] = np.reshape(h["wo"], (H * dv, d))
       name = f"layer{l}.attn"
       layers.append(AHATLayer(name, H, dk, dv, "heads of " + ", ".join(ops["attn"]),
                               tol=float(model.meta["tie_tol"]), causal=bool(model.meta.get("causal", False))))
       weights[name] = aw
-    mlp = mlp_of(lw)
-    src = None   # the slot the next linear map reads: None for the residual
+    mlp = lw.get("mlp", [])
     for j, (w, b) in enumerate(mlp):
-      lin = LinearWeights(L)
-      rows = np.arange(d) if src is None else np.r_[L.slice(src)]
+      w, b = np.asarray(w, np.float32), np.asarray(b, np.float32)
       last = j == len(mlp) - 1
-      cols = np.arange(d) if last else np.r_[L.slice(f"layer{l}.mlp{j}.pre")]
-      lin.w[np.ix_(rows, cols)] += np.asarray(w, np.float32)
-      lin.w[one, cols] += np.asarray(b, np.float32)
+      cols = np.arange(d) if last else live[l][j]
+      if cols.size == 0:   # no live unit: the hidden layer is 0, and so is everything it feeds
+        continue
+      if j == 0:   # the residual, whose `one` row carries the bias
+        rows, mat = np.arange(d), w[:, cols]
+        mat[one] += b[cols]
+      else:        # the previous hidden layer's live units, then `one` for the bias
+        prev = live[l][j - 1]
+        rows = np.r_[L.slice(f"layer{l}.mlp{j - 1}") if prev.size else slice(0, 0), one]
+        mat = np.concatenate([w[np.ix_(prev, cols)], b[None, cols]], axis=0)
+      lin = LinearWeights(L)
+      lin.add_block(rows, 0 if last else L[f"layer{l}.mlp{j}.pre"].start, mat)
       name = f"layer{l}.mlp.linear{j}"
       what = "the MLP's output into the residual" if last else f"hidden layer {j}'s pre-activations"
       layers.append(LinearLayer(name, f"{what} (layer {l}: " + ", ".join(ops["mlp"]) + ")"))
@@ -137,7 +160,6 @@ def to_machine(model: CompiledModel) -> MachineModel:
         hidden = f"layer{l}.mlp{j}"
         layers.append(UnaryLayer(f"layer{l}.mlp.relu{j}", "relu", ((hidden, hidden + ".pre"),),
                                  f"hidden layer {j}"))
-        src = hidden
   return MachineModel(model, Program(L, layers, weights, single_assignment=False), d)
 
 

@@ -138,8 +138,14 @@ def _attention_layer(wq, wk, wv, wo, X):
   q = jnp.einsum("nd,hde->hne", X, wq, precision=HIGHEST)
   k = jnp.einsum("nd,hde->hne", X, wk, precision=HIGHEST)
   v = jnp.einsum("nd,hde->hne", X, wv, precision=HIGHEST)
-  s = jnp.einsum("hne,hme->hnm", q, k, precision=HIGHEST) / jnp.sqrt(jnp.float32(Dh))
-  p = jax.nn.softmax(s, axis=-1)
+  qk = jnp.einsum("hne,hme->hnm", q, k, precision=HIGHEST)
+  # softmax(qk / √D_h) with the row max subtracted from the raw products, then scaled: (qk − max)/√D_h ≤ 0
+  # exactly. jax.nn.softmax(qk / √D_h) under jit fuses the scaling into `s − max(s)`, which XLA may
+  # contract to fma(qk, 1/√D_h, −max): the unrounded product minus the rounded one, up to half an ulp of
+  # the largest logit (±512 at 1e10), so exp overflowed and the layer returned NaN.
+  z = (qk - jnp.max(qk, axis=-1, keepdims=True)) / jnp.sqrt(jnp.float32(Dh))
+  e = jnp.exp(z)
+  p = e / jnp.sum(e, axis=-1, keepdims=True)
   o = jnp.einsum("hnm,hme->hne", p, v, precision=HIGHEST)
   return jnp.einsum("hne,hed->nd", o, wo, precision=HIGHEST)
 

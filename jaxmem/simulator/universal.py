@@ -53,7 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem.checks import check_positive_int
+from jaxmem.checks import check_positive_int, is_concrete
 from jaxmem.machine import (
   AHATLayer,
   AttentionWeights,
@@ -151,7 +151,9 @@ class _Builder:
 
   def attention(self, name: str, heads: Sequence[dict], computes: str) -> None:
     """``heads``: dicts with ``query`` (query-side ``[(slot, coeff)]`` per key column block),
-    ``key`` (key-side, the same blocks) and ``routes`` ``[(value slot, output slot, scale)]``."""
+    ``key`` (key-side, the same blocks) and ``routes`` ``[(value slot, output slot, scale[, value
+    scale])]``: ``W_V`` multiplies the value by ``value scale`` (default 1) and ``W_O`` the mean by
+    ``scale``."""
     key_dim = max(sum(self.L[q[0][0]].size for q in h["query"]) for h in heads)
     value_dim = max(sum(self.L[r[0]].size for r in h["routes"]) for h in heads)
     w = AttentionWeights(self.L, len(heads), key_dim, value_dim)
@@ -165,9 +167,9 @@ class _Builder:
           w.key(n, slot, _block(coeff, self.L[slot].size, size), key_start=col)
         col += size
       col = 0
-      for src, dst, scale in h["routes"]:
+      for src, dst, scale, *value_scale in h["routes"]:
         size = self.L[src].size
-        w.value(n, src, np.eye(size), value_start=col)
+        w.value(n, src, np.float32(value_scale[0] if value_scale else 1.0) * np.eye(size), value_start=col)
         w.output(n, dst, np.float32(scale) * np.eye(size), value_start=col)
         col += size
     self.layers.append(AHATLayer(name, len(heads), key_dim, value_dim, computes))
@@ -185,6 +187,10 @@ class _Builder:
 
   def unary(self, name: str, op: str, terms, computes: str) -> None:
     self.layers.append(UnaryLayer(name, op, tuple(terms), computes))
+
+
+def _pow2_at_least(n: int) -> int:
+  return 1 << max(int(n) - 1, 0).bit_length()
 
 
 def _block(coeff, rows: int, cols: int) -> np.ndarray:
@@ -305,10 +311,16 @@ def _build_program(N: int, D: int, H: int, Dh: int, F: Optional[int]) -> tuple[P
       _select([("S.h", "S.h"), ("S.i", "S.i"), ("S.j", "S.j")]) | {
           "routes": [("s_qk", "score", math.sqrt(Dh))]},
   ], "S (h, i, j, e) averages s_qk over the D_h cells S (h, i, j, ·); W_O = D_h/√D_h: s_hij")
-  # 6-9. the row max (Lemma 4's shift), by the argmax of a data key, exact for every real input
+  # 6-9. the row max (Lemma 4's shift), by the argmax of a data key, exact for every score above −2**126.
+  # Both heads average tied values, and the kernel sums them before dividing by their count: the values
+  # enter scaled by 1/c (a power of two ≥ the most ties, so the sum of c values of float32 magnitude
+  # cannot overflow) and W_O multiplies the mean by c, exactly.
+  c_min = _pow2_at_least(H * N * N * Dh)   # keys of value gmin ≠ 0: S cells (h, i, j, e)
+  c_row = _pow2_at_least(N)                # keys of row (h, i): its e = 0 cells (h, i, ·, 0)
   b.attention("global_min", [{"query": [[("one", 1.0)]], "key": [[("score", -1.0)]],
-                              "routes": [("score", "gmin", 1.0)]}],
-              "constant query, key −score: the mean of the minimal `score` values (0 off the S cells)")
+                              "routes": [("score", "gmin", c_min, 1.0 / c_min)]}],
+              "constant query, key −score: the mean of the minimal `score` values (0 off the S cells); "
+              f"W_V = 1/{c_min}, W_O = {c_min}")
   b.linear("lower_bound", [("low", "gmin", 2.0), ("low", "one", -1.0), ("nonrow", "one", 1.0),
                            ("nonrow", "S.hi0", -1.0)],
            "low = 2·gmin − 1 (< every score: gmin ≤ 0), nonrow = 1 − S.hi0")
@@ -316,9 +328,10 @@ def _build_program(N: int, D: int, H: int, Dh: int, F: Optional[int]) -> tuple[P
             "per row (h', i'): score in its own row's coordinate, `low` in the others")
   b.attention("row_max", [{"query": [[("S.hi", 1.0)], [("one", 1.0), ("is_S", -1.0)]],
                            "key": [[("mk_in", 1.0), ("mk_out", 1.0)], [("is_bos", 1.0)]],
-                           "routes": [("score", "rowmax", 1.0)]}],
+                           "routes": [("score", "rowmax", c_row, 1.0 / c_row)]}],
               "query S.hi (row (h, i)), key mk_in + mk_out: keys of row (h, i) score s_hij, all others `low`; "
-              "the argmax set is the row's maxima, their mean max_j s_hij. Other queries: BOS (1 − is_S)")
+              f"the argmax set is the row's maxima, their mean max_j s_hij (W_V = 1/{c_row}, W_O = {c_row}). "
+              "Other queries: BOS (1 − is_S)")
   # 10-12. Lemma 4: shift, exp, weighted values
   b.linear("shift", [("z", "score", 1.0), ("z", "rowmax", -1.0)], "z = score − rowmax")
   b.unary("exp", "exp", [("ez", "z")], "ez = exp(z) (Lemma 4's elementwise exponential)")
@@ -387,8 +400,9 @@ class Simulator:
   """U for inputs of length ``n <= max_len``: ``Simulator(params, X)`` = ``T(X)``.
 
   Built by :func:`build_simulator` from sizes only. ``weights`` (the fixed matrices:
-  ``{layer: {"wq", "wk", "wv", "wo"}}`` for AHAT layers, ``{layer: {"w"}}`` for linear ones),
-  ``wiring`` (the coordinates each product / unary layer reads and writes), ``layers`` (one
+  ``{layer: {"wq", "wk", "wv", "wo"}}`` for AHAT layers, ``{layer: {"entries"}}`` for linear ones:
+  the values of their terms), ``wiring`` (the coordinates each product / unary layer reads and
+  writes, and each linear term's ``rows, cols``), ``layers`` (one
   :class:`~jaxmem.machine.LayerInfo` per layer), ``num_heads`` (AHAT heads of U in
   all), ``heads_per_layer``, ``num_params`` (entries of the fixed matrices), ``num_nonzero``,
   ``width`` (residual width), ``sequence_length(n)`` (positions for ``X [n, D]``),
@@ -418,14 +432,16 @@ class Simulator:
 
   @property
   def weights(self) -> dict:
-    """``{layer: {name: matrix}}``: the fixed matrices of U's AHAT (``wq, wk, wv, wo``) and
-    linear (``w``) layers (a fresh dict of the same immutable arrays)."""
+    """``{layer: {name: array}}``: the fixed weights of U's AHAT (``wq, wk, wv, wo``) and
+    linear (``entries``: the values of ``M``'s terms) layers (a fresh dict of the same immutable
+    arrays)."""
     return {name: dict(w) for name, w in self._program.weights.items()}
 
   @property
   def wiring(self) -> dict:
     """``{layer: {"out", "a"[, "b"]}}``: the residual coordinates of each product / unary layer
-    (``out_k = a_k · b_k`` or ``op(a_k)``; numpy copies)."""
+    (``out_k = a_k · b_k`` or ``op(a_k)``), and ``{layer: {"rows", "cols"}}`` of each linear layer's
+    terms (``M[rows[k], cols[k]] = entries[k]``); numpy copies."""
     return {name: {k: v.copy() for k, v in w.items()} for name, w in self._program.wiring.items()}
 
   @property
@@ -519,6 +535,7 @@ class Simulator:
       raise ValueError(f"`X` must have d_model={self.d_model} columns, got shape {(n, D)}.")
     if n > self.max_len:
       raise ValueError(f"`X` is longer than max_len: {n} rows > max_len={self.max_len}.")
+    _check_scores(params if self.ffn_dim is None else params.att, X)
     return n
 
   def _tags(self, n: int) -> np.ndarray:
@@ -608,6 +625,25 @@ class Simulator:
 
   def __call__(self, params, X) -> jax.Array:
     return self.decode(self.run_sequence(self.encode(params, X)))
+
+
+#: U's row max needs ``low = 2·min(score) − 1`` to be a finite float32: every score must lie above this.
+MIN_SCORE = -(2.0 ** 126)
+
+
+def _check_scores(att, X) -> None:
+  """ValueError if a score ``q·k / √D_h`` of ``T`` on ``X`` (computed in float64) is at or below
+  :data:`MIN_SCORE`, where U's row max is undefined (skipped under tracing, like the finiteness checks)."""
+  if not all(is_concrete(a) for a in (X, att.wq, att.wk)):
+    return
+  X64 = np.asarray(X, np.float64)
+  q = np.einsum("nd,hde->hne", X64, np.asarray(att.wq, np.float64))
+  k = np.einsum("nd,hde->hne", X64, np.asarray(att.wk, np.float64))
+  low = float(np.min(np.einsum("hne,hme->hnm", q, k))) / math.sqrt(q.shape[2])
+  if low <= MIN_SCORE:
+    raise ValueError(f"`params` and `X` give an attention score of {low:.3g}, at or below −2**126 "
+                     f"({MIN_SCORE:.3g}): U's row max needs 2·min(score) − 1 to be a finite float32 (its "
+                     "`low` bound); scale `params.wq`, `params.wk` or `X` down.")
 
 
 def build_simulator(max_len: int, d_model: int, num_heads: int, head_dim: int, *,

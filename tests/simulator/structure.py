@@ -34,11 +34,12 @@ def assert_attention_does_the_work(program):
       if isinstance(layer, UnaryLayer):
         assert layer.op in UNARY_OPS, layer.name
     elif isinstance(layer, LinearLayer):
-      m = np.asarray(program.weights[layer.name]["w"])
-      assert m.shape == (program.layout.width,) * 2
-      assert np.count_nonzero(m, axis=0).max() <= 2, f"{layer.name!r}: an output reads more than two coords"
-      for j in np.flatnonzero(np.any(m != 0, axis=0)):
-        sources[j] = set().union(*(sources.get(i, {i}) for i in np.flatnonzero(m[:, j])))
+      rows, cols, vals = program.linear_entries(layer.name)   # the non-zero entries of its matrix M
+      width = program.layout.width
+      assert np.all(vals != 0) and np.all((0 <= rows) & (rows < width) & (0 <= cols) & (cols < width))
+      assert np.bincount(cols, minlength=1).max() <= 2, f"{layer.name!r}: an output reads more than two coords"
+      for j in np.unique(cols).tolist():
+        sources[j] = set().union(*(sources.get(i, {i}) for i in rows[cols == j].tolist()))
         slots = [program.layout.slot_of(int(i)) for i in sources[j]]
         assert len(set(slots)) == len(slots), \
             f"{layer.name!r}: an output sums coordinates of one slot through linear layers"

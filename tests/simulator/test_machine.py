@@ -51,7 +51,7 @@ def test_program_runs_and_describes_itself():
   np.testing.assert_array_equal(prog.read(out, "y")[:, 0], a[:, 0] - 4.0)
   info = prog.infos[0]
   assert (info.kind, info.num_heads, info.reads, info.writes) == ("ahat", 1, ("a", "one"), ("m",))
-  assert prog.num_heads == 1 and prog.num_params == 3 * 4 + 4 + 4 * 4 and prog.num_nonzero == 4 + 2
+  assert prog.num_heads == 1 and prog.num_params == 3 * 4 + 4 + 2 and prog.num_nonzero == 4 + 2   # sub: 2 terms
   assert "| 1 | `max` | AHAT (fixed weights) | 1 |" in prog.describe()
   assert "| `a` | 0..0 | 1 | yes |" in L.table()
 
@@ -134,7 +134,7 @@ def test_restricted_positionwise_layers():
   np.testing.assert_array_equal(prog.wiring["mul"]["b"], L["u"].start + np.array([0, 1, 2, 0, 1, 2]))
   np.testing.assert_array_equal(prog.wiring["mul"]["a"],
                                 np.r_[L["lin"].start + np.arange(3), [L["c"].start] * 3])
-  assert prog.num_params == L.width ** 2 and prog.num_nonzero == 6   # 2·I (u) and a row of −1 (c)
+  assert prog.num_params == prog.num_nonzero == 6   # the terms stored: 2·I (u) and a row of −1 (c)
   assert "| 3 | `exp` | exp |" in prog.describe() and "linear (fixed matrix)" in prog.describe()
 
 
@@ -159,3 +159,76 @@ def test_restricted_layers_reject_bad_wiring():
     Program(L, [LinearLayer("lin", "")], {"lin": AttentionWeights(L, 1, 1, 1)})
   with pytest.raises(ValueError, match="`op` must be one of"):
     UnaryLayer("p", "tanh", (("w", "u"),), "")
+
+
+def test_linear_terms_and_blocks_are_the_matrix_they_store():
+  """A linear layer stores slot-to-slot terms (coordinate entries) and dense blocks (rows gathered from
+  anywhere, contiguous columns); it computes x + x M for M their sum, and stores only their entries."""
+  L = Layout()
+  L.add("one", 1, "1", is_input=True)
+  L.add("u", 3, "input", is_input=True)
+  L.add("h", 4, "a hidden layer")
+  L.add("v", 3, "out")
+  lw = LinearWeights(L)
+  lw.add("v", "u", 0.5)
+  lw.add("v", "one", -1.0)
+  lw.add_entries([1], [L["v"].start], [2.0])   # adds to an entry `add` made: summed
+  rng = np.random.default_rng(0)
+  b0 = rng.standard_normal((4, 4)).astype(np.float32)
+  b1 = rng.standard_normal((2, 3)).astype(np.float32)
+  lw.add_block(np.r_[L.slice("u"), 0], L["h"].start, b0)   # gathered rows: u and one
+  lw.add_block(np.r_[1, 3], L["v"].start, b1)              # overlaps the terms
+  M = np.zeros((L.width, L.width), np.float32)
+  M[L.slice("u"), L.slice("v")] += 0.5 * np.eye(3, dtype=np.float32)
+  M[0, L.slice("v")] -= 1.0
+  M[1, L["v"].start] += 2.0
+  M[np.ix_(np.r_[L.slice("u"), 0], np.r_[L.slice("h")])] += b0
+  M[np.ix_([1, 3], np.r_[L.slice("v")])] += b1
+  prog = Program(L, [LinearLayer("lin", "terms and blocks")], {"lin": lw})
+  x = np.concatenate([np.ones((5, 1)), rng.standard_normal((5, 3))], 1)
+  out = np.asarray(prog.run(prog.encode(5, {"one": x[:, :1], "u": x[:, 1:]})))
+  xs = np.concatenate([x, np.zeros((5, 7))], 1)
+  np.testing.assert_allclose(out, xs + xs @ M.astype(np.float64), rtol=1e-6, atol=1e-6)
+  rows, cols, vals = prog.linear_entries("lin")
+  dense = np.zeros_like(M)
+  dense[rows, cols] = vals
+  np.testing.assert_allclose(dense, M, rtol=1e-6)
+  assert prog.num_params == 3 + 3 + b0.size + b1.size   # v ← u and v ← one (the 2.0 joined one of them)
+  assert prog.infos[0].reads == ("one", "u") and prog.infos[0].writes == ("h", "v")
+  with pytest.raises(ValueError, match="`matrix` must have shape"):
+    lw.add_block([0, 1], 0, np.ones((3, 1)))
+  with pytest.raises(ValueError, match="`rows` must be distinct"):
+    lw.add_block([1, 1], 0, np.ones((2, 1)))
+  with pytest.raises(ValueError, match="lie outside the residual"):
+    lw.add_block([1], L.width - 1, np.ones((1, 2)))
+  with pytest.raises(ValueError, match="`name` must name a linear layer"):
+    prog.linear_entries("relu")
+  with pytest.raises(ValueError, match="must have one length"):
+    lw.add_entries([0, 1], [2], [1.0, 1.0])
+  with pytest.raises(ValueError, match="outside the residual"):
+    lw.add_entries([L.width], [0], [1.0])
+
+
+def test_an_attention_span_stores_only_its_coordinates():
+  """An AHAT layer over a span of the residual computes what the same weights over the whole residual do."""
+  L = small_layout()
+  L.add("pad", 5, "a slot the layer does not touch")
+  full = AttentionWeights(L, num_heads=1, key_dim=1, value_dim=1)
+  part = AttentionWeights(L, num_heads=1, key_dim=1, value_dim=1, span=(0, 3))
+  for w in (full, part):
+    w.query(0, "one", [[1.0]])
+    w.key(0, "a", [[1.0]])
+    w.value(0, "a", [[1.0]])
+    w.output(0, "m", [[1.0]])
+  a = np.array([[1.5], [-2.0], [4.0]], np.float32)
+  runs = []
+  for w in (full, part):
+    prog = Program(L, [AHATLayer("max", 1, 1, 1, "max of a")], {"max": w})
+    runs.append(np.asarray(prog.run(prog.encode(3, {"a": a, "one": np.ones((3, 1))}))))
+    assert prog.infos[0].reads == ("a", "one") and prog.infos[0].writes == ("m",)
+  np.testing.assert_array_equal(runs[0], runs[1])
+  assert part.wq.shape == (3, 1) and part.wo.shape == (1, 3) and full.wq.shape == (L.width, 1)
+  with pytest.raises(ValueError, match="outside the layer's span"):
+    part.value(0, "y", [[1.0]])
+  with pytest.raises(ValueError, match="`span` must satisfy"):
+    AttentionWeights(L, 1, 1, 1, span=(2, 2))

@@ -1,5 +1,6 @@
 """attention_layer / encoder_layer (the simulated layers) against plain float64 numpy loops."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -60,6 +61,29 @@ def test_attention_layer_saturating_scores_match_loop():
   X = rng.standard_normal((6, 5)).astype(np.float32)
   ref = loop_attention(params, X)
   np.testing.assert_allclose(attention_layer(params, X), ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("H,D,Dh,n", [(2, 3, 2, 4), (1, 5, 3, 7)])
+def test_attention_layer_under_jit_is_finite_at_logits_of_1e10(H, D, Dh, n):
+  """Logits of ~1e10: XLA fused the 1/√D_h scaling into `s − max(s)` and contracted it to an fma, whose
+  unrounded product minus the rounded maximum is up to half an ulp of the logit (±512 at 1e10), so under
+  `jax.jit` exp overflowed and the layer returned NaN where op-by-op execution did not (review of issue 37).
+  The row max is now subtracted from the raw products. With the top two logits of every row more than 1e6
+  apart the softmax is one-hot in float64 and float32 alike, so the output is one value row through `wo`,
+  held to the same bound as the unsaturated case."""
+  rng = np.random.default_rng(11 * n)
+  params = rand_params(rng, H, D, Dh, scale=1e5)
+  X = rng.standard_normal((n, D)).astype(np.float32)
+  q, k = (np.einsum("nd,hde->hne", X.astype(np.float64), np.asarray(w, np.float64)) for w in params[:2])
+  logits = np.sort(np.einsum("hne,hme->hnm", q, k) / np.sqrt(Dh), axis=-1)
+  assert np.abs(logits).max() > 1e9 and (n == 1 or np.min(logits[..., -1] - logits[..., -2]) > 1e6)
+  ref = loop_attention(params, X)
+  jitted = np.asarray(jax.jit(attention_layer)(params, X))
+  with jax.disable_jit():   # op by op, nothing fused
+    eager = np.asarray(attention_layer(params, X))
+  for out in (jitted, eager):
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
 
 
 def test_encoder_layer_matches_float64_loop():

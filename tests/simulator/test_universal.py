@@ -144,7 +144,7 @@ def test_the_structure_check_rejects_the_old_design(sims):
       lw = LinearWeights(L)
       for p, (name, _) in enumerate(levels[depth]):
         for slot, at in levels[depth - 1][2 * p: 2 * p + 2]:
-          lw.w[L[slot].start + at, L[name].start] = 1.0
+          lw.add_entries([L[slot].start + at], [L[name].start], [1.0])
       layers.append(LinearLayer(f"level{depth}", "pairwise sums"))
       weights[f"level{depth}"] = lw
     level = levels[-1]
@@ -163,8 +163,8 @@ def test_the_structure_check_rejects_the_old_design(sims):
   L = Layout()
   L.add("v", 3, "input", is_input=True)
   L.add("s", 1, "a sum")
-  lw = LinearWeights(L)   # its `add` refuses a reduction; a hand-written matrix does not
-  lw.w[L["v"].start:L["v"].start + 3, L["s"].start] = 1.0   # s = v_0 + v_1 + v_2: a reduction
+  lw = LinearWeights(L)   # its `add` refuses a reduction; a hand-written block does not
+  lw.add_block("v", L["s"].start, np.ones((3, 1)))   # s = v_0 + v_1 + v_2: a reduction
   with pytest.raises(AssertionError, match="reads more than two coords"):
     assert_attention_does_the_work(Program(L, [LinearLayer("sum", "s = Σ v")], {"sum": lw}))
   aw = AttentionWeights(L, 1, 1, 1)
@@ -186,7 +186,7 @@ def _builders(prog):
       out[layer.name] = b
     elif isinstance(layer, LinearLayer):
       b = LinearWeights(prog.layout)
-      b.w = w["w"]
+      b.add_entries(*prog.linear_entries(layer.name))
       out[layer.name] = b
   return out
 
@@ -303,6 +303,51 @@ def test_row_max_is_the_exact_maximum_and_ties_are_served(sims, key, H, Dh):
     assert rel_err(sim.decode(out_seq), attention_layer_numpy(params, X)) <= REL_TOL
 
 
+def _scores_of_magnitude(target, rng, X):
+  """Attention params whose scores are target·(Σ_d X_i)(Σ_d X_j)/D² (rank one: rows of X with one sum tie)."""
+  H, Dh = 2, DH
+  wq, wk = np.zeros((2, H, D, Dh), np.float32)
+  wq[:, :, 0] = 1e18
+  wk[:, :, 0] = np.float32(target * np.sqrt(Dh) / (D * D * 1e18))
+  return AttentionParams(wq, wk, rng.standard_normal((H, D, Dh)).astype(np.float32),
+                         rng.standard_normal((H, Dh, D)).astype(np.float32))
+
+
+@pytest.mark.parametrize("target", [-2.5e37, -8e37, 1e38])
+def test_huge_tied_scores_stay_finite(sims, target):
+  """Scores up to 1e38 in magnitude, tied across the sequence and within rows (repeated rows of X): U's argmax
+  heads `global_min` and `row_max` average tied values, which the kernel sums before dividing by their count;
+  64 tied minima of −2.5e37 overflowed float32 and U returned NaN (review of issue 37). The values now enter
+  scaled by 1/c, c a power of two at least the most ties, and W_O multiplies the mean back: finite for every
+  score above −2**126 (−8e37 is just above it) and exact as before (the row max within an ulp of U's own
+  maximum: a mean of k ≥ 3 equal values rounds once)."""
+  sim = sims["H2"]
+  L = sim.program.layout
+  rng = np.random.default_rng(8)
+  for X in (np.ones((MAX_LEN, D), np.float32), np.array([[1] * D, [1] * D, [.5] * D, [1] * D], np.float32)):
+    params = _scores_of_magnitude(target, rng, X)
+    out_seq = np.asarray(sim.run_sequence(sim.encode(params, X)))
+    assert np.isfinite(out_seq).all()
+    assert rel_err(sim.decode(out_seq), attention_layer_numpy(params, X)) <= REL_TOL
+    S = out_seq[sim.cell_positions(MAX_LEN)["S"]]
+    score = S[:, L["score"].start].reshape(2, MAX_LEN, MAX_LEN, DH)
+    rowmax = S[:, L["rowmax"].start].reshape(2, MAX_LEN, MAX_LEN, DH)
+    assert np.abs(score).max() >= abs(target) / 4
+    top = np.broadcast_to(score.max(axis=(2, 3), keepdims=True), rowmax.shape)
+    np.testing.assert_array_max_ulp(rowmax, top, maxulp=1)
+
+
+def test_scores_at_or_below_minus_2_to_126_are_refused(sims):
+  """U's row max bounds every score by low = 2·min(score) − 1, which must be a finite float32: lower scores are
+  out of U's range, and refused at the boundary rather than returning NaN."""
+  X = np.ones((2, D), np.float32)
+  params = _scores_of_magnitude(-9e37, np.random.default_rng(0), X)
+  with pytest.raises(ValueError, match=r"`params` and `X` give an attention score of -9e\+37, at or below"):
+    sims["H2"](params, X)
+  with pytest.raises(ValueError, match="at or below"):
+    sims["enc"](EncoderParams(params, *random_params(np.random.default_rng(1), D, 2, DH, F)[1:]), X)
+
+
 def test_queries_outside_a_selection_read_the_bos(sims):
   """Every AHAT layer selects by tags among one cell type; a query of another type matches no key and must
   get the BOS's value (the default key, score K − ½), never the mean of the whole sequence."""
@@ -366,7 +411,9 @@ def test_layers_heads_and_sizes(sims):
         P += D * ffn + ffn + D + n * ffn + n * D * ffn
       assert sim.sequence_length(n) == P
     fixed = sum(2 * sim.width * i.num_heads * (i.key_dim + i.value_dim) for i in sim.layers if i.kind == "ahat")
-    fixed += sum(sim.width ** 2 for i in sim.layers if i.kind == "linear")
+    # the linear layers store their non-zero terms only: lower_bound 2 + 2G (nonrow = 1 − S.hi0), shift 2; the
+    # encoder adds residual 2, ffn_bias 4, ffn_residual 2
+    fixed += 2 * G + 4 + (8 if ffn is not None else 0)
     assert sim.num_params == fixed
   info = {i.name: i for i in sims["H2"].layers}
   assert info["row_max"].reads == ("one", "is_bos", "is_S", "S.hi", "score", "mk_in", "mk_out")
