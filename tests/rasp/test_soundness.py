@@ -278,3 +278,13 @@ def test_programs_that_ran_past_the_fuzzers_time_limit_are_refused_within_a_seco
   with pytest.raises(ValueError):
     rasp.compile(program, [1, 2, 3], 6)
   assert time.process_time() - t0 < 1.0
+
+
+def test_max_pairs_bounds_a_sequence_maps_table_and_is_checked():
+  program = rasp.SequenceMap(lambda a, b: a < b, rasp.tokens, rasp.indices)
+  with pytest.raises(ValueError, match="has 5×4 input pairs, more than max_pairs=19"):
+    rasp.compile(program, [0, 1, 2, 3, 4], 4, max_pairs=19)
+  _exact(program, [0, 1, 2, 3, 4], 4, max_len=2)
+  for bad in (0, True, 2.5):
+    with pytest.raises(ValueError, match="`max_pairs` must be a positive integer"):
+      rasp.compile(program, [0, 1], 4, max_pairs=bad)

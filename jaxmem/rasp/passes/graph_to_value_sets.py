@@ -39,9 +39,10 @@ class ValueSets:
   mean of 1..N values of its input's set (a sum-set recursion on numpy arrays), plus the
   default (0 for None). A declared ``value_set`` annotation is checked, not trusted."""
 
-  def __init__(self, vocab: Sequence[Any], max_seq_len: int):
+  def __init__(self, vocab: Sequence[Any], max_seq_len: int, max_pairs: int = MAX_PAIRS):
     self.vocab = list(vocab)
     self.N = max_seq_len
+    self.max_pairs = max_pairs   # input pairs a SequenceMap's function is called on, at most
     self.memo: Dict[int, list] = {}
     self.images: Dict[int, Any] = {}   # unchecked value sets (see image), or the ValueError raised
     # numerical SOp -> (a, r): the interpreter's value of exact value x is within a + r·|x|
@@ -112,9 +113,10 @@ class ValueSets:
         return out
     if isinstance(e, rasp.SequenceMap):
       a, b = self[e.fst], self[e.snd]
-      if len(a) * len(b) > MAX_PAIRS:
+      if len(a) * len(b) > self.max_pairs:
         raise ValueError(f"SequenceMap '{e.label}' has {len(a)}×{len(b)} input pairs, more "
-                         f"than {MAX_PAIRS:,}; declare smaller value sets.")
+                         f"than max_pairs={self.max_pairs:,}; declare smaller value sets (or raise "
+                         "rasp.compile's max_pairs, at the cost of slower refusals).")
       return self._image(e, [(x, y) for x in a for y in b if x is not None and y is not None])
     if isinstance(e, rasp.SelectorWidth):
       return list(range(self.N + 1))
@@ -441,7 +443,7 @@ def at_most_one(sel: rasp.Selector, vs: "ValueSets") -> bool:
       queries = [q for q in vs.image(sel.queries) if q is not None]
     except ValueError:
       return False
-    if len(queries) * vs.N > MAX_PAIRS:
+    if len(queries) * vs.N > vs.max_pairs:
       return False
     return all(sum(call_or_raises(lambda k, q: bool(sel.predicate(k, q)), k, q) is True
                    for k in range(vs.N)) <= 1 for q in queries)
