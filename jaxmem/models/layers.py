@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_embed_init, default_kernel_init
 
-from jaxmem.checks import check_positive_int, is_concrete
+from jaxmem.checks import check_finite_number, check_positive_int, is_concrete
 from jaxmem.kernels.segments import previous_in_segment
 from jaxmem.sharding import param, with_axes
 
@@ -144,6 +144,43 @@ class CausalConv(nnx.Module):
     """One token: ``(tail [B, K − 1, C], x_t [B, C]) -> (tail, y_t [B, C])``."""
     tail, y = self.scan(tail_BKC, x_BC[:, None])
     return tail, y[:, 0]
+
+
+NORM_GATE_ACTIVATIONS = ("swish", "silu", "sigmoid")
+
+
+class RMSNormGated(nnx.Module):
+  """The gated RMSNorm of fla's ``GatedDeltaNet`` output (fla's ``FusedRMSNormGated``), over the last axis:
+
+      y = x / sqrt(mean(x²) + eps) · w ⊙ act(g),   act(g) = g·σ(g) ("swish" / "silu") or σ(g) ("sigmoid")
+
+  normalise first, then gate (Mamba-2's ``norm_before_gate=True``; :mod:`jaxmem.models.mixers.ssd` gates before
+  the norm). ``eps`` is added to the mean square under the root (fla's and PyTorch's ``RMSNorm`` convention),
+  default ``1e-5`` as fla's; ``w [features]`` starts at ones, logical axis ``axis`` (one weight shared by every
+  head when ``features`` is the head width, as in fla's layer); ``elementwise_affine=False`` drops it.
+  Computed in float32 (float64 for float64 inputs) and returned in ``x``'s dtype, as fla's kernel.
+  """
+
+  def __init__(self, features: int, *, eps: float = 1e-5, activation: str = "swish",
+               elementwise_affine: bool = True, axis: Optional[str] = "head_dim"):
+    self.features = check_positive_int("features", features)
+    if activation not in NORM_GATE_ACTIVATIONS:
+      raise ValueError(f"`activation` must be one of {list(NORM_GATE_ACTIVATIONS)}, got {activation!r}.")
+    self.eps, self.activation = check_finite_number("eps", eps, positive=True), activation
+    self.weight = nnx.data(param(jnp.ones((features,), jnp.float32), (axis,)) if elementwise_affine else None)
+
+  def __call__(self, x: jax.Array, g: jax.Array) -> jax.Array:
+    """``x, g [..., features]`` (the same shape) -> ``y``, ``x``'s shape and dtype."""
+    if x.shape != g.shape or not x.shape or x.shape[-1] != self.features:
+      raise ValueError(f"`x` and `g` must have the same shape [..., features = {self.features}], got "
+                       f"{x.shape} and {g.shape}.")
+    acc = jnp.promote_types(jnp.result_type(x, g), jnp.float32)
+    xf, gf = x.astype(acc), g.astype(acc)
+    y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.eps)
+    if self.weight is not None:
+      y = y * self.weight[...].astype(acc).reshape((1,) * (x.ndim - 1) + (-1,))
+    y = y * (jax.nn.sigmoid(gf) if self.activation == "sigmoid" else gf * jax.nn.sigmoid(gf))
+    return y.astype(x.dtype)
 
 
 def count_params(model: nnx.Module) -> int:
