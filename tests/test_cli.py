@@ -243,12 +243,18 @@ def test_bench_decode_prints_times_state_sizes_and_ratios(capsys, monkeypatch):
     fn()
     calls.append(fn)
     i = len(calls) - 1   # per context and batch: softmax (prefill, decode), then gated delta (same)
-    if i >= 8:           # then the mixed lengths, per model: [24, 24] in 20 ms, [24, 8] in 25 ms
-      return 0.020 if i % 2 == 0 else 0.025
     step = 0.003 if (i // 2) % 2 == 0 else 0.0015
     return 0.010 if i % 2 == 0 else n * step
 
+  def fixed_interleaved(fns, repeats=5, warmup=1):   # the mixed lengths: [24, 24] in 20 ms, [24, 8] in 25 ms
+    assert list(fns) == [(24, 24), (24, 8)], list(fns)
+    for fn in fns.values():
+      fn()
+      calls.append(fn)
+    return {(24, 24): 0.020, (24, 8): 0.025}
+
   monkeypatch.setattr(bench_decode, "time_host", fixed_time)
+  monkeypatch.setattr(bench_decode, "time_interleaved", fixed_interleaved)
   assert main(["bench", "decode", "--quick", "--repeats", "1"]) == 0
   out = capsys.readouterr().out
   kv = {int(r[1]): r for r in table_rows(out, "softmax (KV cache)")}

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxmem.bench.timing import time_host
+from jaxmem.bench.timing import time_host, time_interleaved
 from jaxmem.results import markdown_table
 
 QUICK = dict(contexts=(128, 512), batches=(1, 4), n=64, d_model=64, n_layers=2, n_heads=2)
@@ -69,9 +69,9 @@ def _programs(model, B: int, C: int, n: int):
 
 
 def bench_mixed_lengths(quick: bool = False, repeats: int = 5, models=None) -> str:
-  """``generate``'s wall time (ms, median of ``repeats`` after a compiling call) for prompt lengths
-  ``[C, SHORT]`` against ``[C, C]`` (one prompt array of width ``C``), per model, and their ratio: a Markdown
-  section."""
+  """``generate``'s wall time (ms, median of ``repeats`` after a compiling call, the two calls taking turns) for
+  prompt lengths ``[C, SHORT]`` against ``[C, C]`` (one prompt array of width ``C``), per model, and their
+  ratio: a Markdown section."""
   from jaxmem.decode import generate
   s = QUICK if quick else FULL
   C = max([c for c in s["contexts"] if c <= 2048] or [min(s["contexts"])])
@@ -79,13 +79,12 @@ def bench_mixed_lengths(quick: bool = False, repeats: int = 5, models=None) -> s
   prompt = np.random.RandomState(C).randint(0, 256, (2, C))
   rows = []
   for name, model in models.items():
-    ms = {}
+    runs = {lengths: (lambda model=model, lengths=lengths: jax.block_until_ready(
+        generate(model, prompt, MIXED_N, temperature=0.0, prompt_lengths=list(lengths))))
+        for lengths in ((C, C), (C, SHORT))}
+    ms = {lengths: 1e3 * t for lengths, t in time_interleaved(runs, repeats).items()}
     for lengths in ((C, C), (C, SHORT)):
-      run = lambda model=model, lengths=lengths: jax.block_until_ready(
-          generate(model, prompt, MIXED_N, temperature=0.0, prompt_lengths=list(lengths)))
-      ms[lengths] = time_host(run, repeats) * 1e3
-    for lengths in ((C, C), (C, SHORT)):
-      rows.append([f"[{lengths[0]}, {lengths[1]}]", name, f"{ms[lengths]:.3g}",
+      rows.append([f"[{lengths[0]}, {lengths[1]}]", name, f"{ms[lengths]:,.1f}",
                    f"{ms[lengths] / ms[C, C]:.2f}×"])
   dims = f"d_model={s['d_model']}, {s['n_layers']} layers, {s['n_heads']} heads"
   return (f"### decode: mixed prompt lengths, jaxmem.generate of {MIXED_N} greedy tokens, batch 2, {dims}, "
