@@ -151,6 +151,29 @@ def attention_mask_to_segment_ids(attention_mask) -> jax.Array:
   return (jnp.asarray(attention_mask) != 0).astype(jnp.int32)
 
 
-__all__ = ["attention_mask_to_segment_ids", "check_cu_seqlens", "check_segment_ids",
-           "cu_seqlens_to_segment_ids",
-           "previous_in_segment", "segment_index", "segment_positions", "segment_starts", "where_rows"]
+def check_lengths(lengths, B: int, T: int, name: str = "lengths") -> jax.Array:
+  """``lengths [B]``, how many leading tokens of each row of a ``T``-token chunk are read (the rest is right
+  padding), as int32 clipped to ``[0, T]``; ``ValueError`` naming ``name`` for a wrong shape, a non-integer (or
+  boolean) dtype, or (when concrete) a value outside ``[0, T]``. Under ``jit`` the values cannot be checked:
+  they are clipped, so a row never reads past its chunk."""
+  shape = shape_of(lengths)
+  if shape != (B,):
+    raise ValueError(f"`{name}` must have shape [B] = {(B,)}, got {shape}.")
+  _check_integers(name, lengths, " (tokens read per row)")
+  if is_concrete(lengths):
+    a = np.asarray(lengths)
+    if a.size and (a.min() < 0 or a.max() > T):
+      raise ValueError(f"`{name}` must lie in [0, T = {T}], got {a.tolist()}.")
+  return jnp.clip(jnp.asarray(lengths, jnp.int32), 0, T)
+
+
+def lengths_to_segment_ids(lengths_B, T: int) -> jax.Array:
+  """``[B, T]`` ids of right-padded rows: 1 for row ``b``'s first ``lengths[b]`` tokens (one segment, which
+  continues the row's state), 0 (padding: writes nothing, reads nothing) after them."""
+  t = jnp.arange(T, dtype=jnp.int32)
+  return (t[None, :] < jnp.asarray(lengths_B, jnp.int32)[:, None]).astype(jnp.int32)
+
+
+__all__ = ["attention_mask_to_segment_ids", "check_cu_seqlens", "check_lengths", "check_segment_ids",
+           "cu_seqlens_to_segment_ids", "lengths_to_segment_ids", "previous_in_segment", "segment_index",
+           "segment_positions", "segment_starts", "where_rows"]

@@ -20,7 +20,7 @@ from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_embed_init, default_kernel_init
 
 from jaxmem.checks import check_finite_number, check_positive_int, is_concrete
-from jaxmem.kernels.segments import previous_in_segment
+from jaxmem.kernels.segments import check_lengths, previous_in_segment
 from jaxmem.sharding import param, with_axes
 
 Axes = Sequence[Optional[str]]
@@ -110,8 +110,11 @@ class CausalConv(nnx.Module):
     """The state before the first token: ``K − 1`` zero inputs ``[B, K − 1, C]``."""
     return jnp.zeros((batch_size, self.width - 1, self.channels), dtype)
 
-  def scan(self, tail_BKC: Optional[jax.Array], x_BTC: jax.Array) -> tuple:
-    """``(tail [B, K − 1, C] or None for zeros, x [B, T, C]) -> (the last K − 1 inputs, y [B, T, C])``."""
+  def scan(self, tail_BKC: Optional[jax.Array], x_BTC: jax.Array, lengths=None) -> tuple:
+    """``(tail [B, K − 1, C] or None for zeros, x [B, T, C]) -> (the last K − 1 inputs, y [B, T, C])``.
+    ``lengths [B]`` (or None: all ``T``): right-padded rows, row ``b`` reads its first ``lengths[b]`` inputs
+    only, and the tail returned is the last ``K − 1`` of those (with the tail it came with); ``y`` at the
+    padding is unspecified."""
     K, T = self.width, x_BTC.shape[1]
     w = self.taps[...].astype(x_BTC.dtype)
     tail = jnp.zeros((x_BTC.shape[0], K - 1, x_BTC.shape[2]), x_BTC.dtype) if tail_BKC is None \
@@ -122,7 +125,12 @@ class CausalConv(nnx.Module):
       y = y + w[K - 1 - j][None, None] * padded[:, K - 1 - j: K - 1 - j + T]
     if self.bias is not None:
       y = y + self.bias[...].astype(x_BTC.dtype)[None, None]
-    return padded[:, padded.shape[1] - (K - 1):], y
+    if lengths is None:
+      return padded[:, padded.shape[1] - (K - 1):], y
+    # row b's last K − 1 inputs end at its input lengths[b] − 1, i.e. at padded[lengths[b] + K − 2]
+    lengths = check_lengths(lengths, x_BTC.shape[0], T)
+    idx = lengths[:, None] + jnp.arange(K - 1, dtype=jnp.int32)[None]
+    return jnp.take_along_axis(padded, idx[..., None], axis=1), y
 
   def __call__(self, x_BTC: jax.Array, segment_ids: Optional[jax.Array] = None) -> jax.Array:
     """``y [B, T, C]``; with ``segment_ids [B, T]`` (packed sequences, :mod:`jaxmem.kernels.segments`) each tap
