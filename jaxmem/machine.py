@@ -262,6 +262,7 @@ class LinearWeights:
     self.layout = layout
     self._entries: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     self.blocks: list[tuple[np.ndarray, int, np.ndarray]] = []
+    self.biases: dict[int, tuple[int, np.ndarray]] = {}   # block index -> (coordinate of a constant 1, bias)
 
   def add(self, out: str, src: str, coeff: float = 1.0) -> None:
     """``x[out]_k += coeff · x[src]_k`` (``src`` of ``out``'s size), or ``coeff · x[src]_0`` for
@@ -284,9 +285,13 @@ class LinearWeights:
       raise ValueError(f"an entry lies outside the residual of width {W}")
     self._entries.append((rows, cols, values))
 
-  def add_block(self, rows, col_start: int, matrix) -> None:
+  def add_block(self, rows, col_start: int, matrix, bias=None, one=None) -> None:
     """``M[rows, col_start : col_start + k] += matrix`` for ``matrix [len(rows), k]``: ``x[..., col_start:
-    col_start + k] += x[..., rows] @ matrix`` (``rows``: residual coordinates, distinct, or a slot name)."""
+    col_start + k] += x[..., rows] @ matrix`` (``rows``: residual coordinates, distinct, or a slot name).
+
+    ``bias [k]`` with ``one`` (a slot of size 1 or a coordinate that holds 1): ``M[one, cols] += bias``,
+    computed as ``x[..., rows] @ matrix + x[..., one] · bias`` — the product first, then the bias, in
+    the order of a dense layer's ``h @ W + b`` (float32 sums in another order round differently)."""
     rows = np.r_[self.layout.slice(rows)] if isinstance(rows, str) else np.asarray(rows, np.int64).reshape(-1)
     m = np.asarray(matrix, np.float32)
     W = self.layout.width
@@ -298,6 +303,16 @@ class LinearWeights:
     if col_start < 0 or col_start + m.shape[1] > W:
       raise ValueError(f"`col_start`: columns {col_start}..{col_start + m.shape[1] - 1} lie outside the "
                        f"residual of width {W}")
+    if (bias is None) != (one is None):
+      raise ValueError("`bias` and `one` go together: a bias is added as x[one] · bias")
+    if bias is not None:
+      b = np.asarray(bias, np.float32).reshape(-1)
+      if b.shape != (m.shape[1],):
+        raise ValueError(f"`bias` must have shape [{m.shape[1]}] (one value per column), got {b.shape}")
+      o = self.layout[one].start if isinstance(one, str) else int(one)
+      if not 0 <= o < W:
+        raise ValueError(f"`one` must be a coordinate of the residual of width {W}, got {o}")
+      self.biases[len(self.blocks)] = (o, b.copy())
     self.blocks.append((rows.astype(np.int32), int(col_start), m.copy()))
 
   def entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -407,8 +422,14 @@ class Program:
           read[brows[np.any(m != 0, 1)]] = True
           wrote[col + np.flatnonzero(np.any(m != 0, 0))] = True
           wire[f"block{k}.rows"], arrs[f"block{k}"] = brows, m
-          contiguous = np.array_equal(brows, np.arange(brows[0], brows[0] + len(brows)))
-          blocks.append(((int(brows[0]), int(brows[0]) + len(brows)) if contiguous else brows, col))
+          one = None
+          if k in w.biases:
+            one, bias = w.biases[k]
+            read[one] = True
+            wrote[col + np.flatnonzero(bias != 0)] = True
+            arrs[f"block{k}.bias"] = bias
+          contiguous = len(brows) > 0 and np.array_equal(brows, np.arange(brows[0], brows[0] + len(brows)))
+          blocks.append(((int(brows[0]), int(brows[0]) + len(brows)) if contiguous else brows, col, one))
         reads, writes = _slots_touched(layout, read), _slots_touched(layout, wrote)
         self.wiring[layer.name] = wire
         self.weights[layer.name] = {k: device_array(v) for k, v in arrs.items()}
@@ -442,12 +463,18 @@ class Program:
       raise ValueError(f"`name` must name a linear layer of this program, got {name!r}")
     wire, w = self.wiring[name], self.weights[name]
     rows, cols, vals = [wire["rows"]], [wire["cols"]], [np.asarray(w["entries"])]
-    for k, (_, col) in enumerate(self._blocks[name]):
+    for k, (_, col, one) in enumerate(self._blocks[name]):
       m = np.asarray(w[f"block{k}"])
       r, c = np.nonzero(m)
       rows.append(wire[f"block{k}.rows"][r])
       cols.append(col + c)
       vals.append(m[r, c])
+      if one is not None:   # the bias: M's row `one`
+        b = np.asarray(w[f"block{k}.bias"])
+        c = np.flatnonzero(b)
+        rows.append(np.full(c.size, one, np.int32))
+        cols.append(col + c)
+        vals.append(b[c])
     return _sum_duplicates(np.concatenate(rows), np.concatenate(cols), np.concatenate(vals))
 
   # -- sizes ---------------------------------------------------------------------------------
@@ -527,10 +554,13 @@ class Program:
     wire, out = self.wiring[name], x
     if wire["rows"].size:
       out = out.at[..., wire["cols"]].add(x[..., wire["rows"]] * w["entries"][None, None])
-    for k, (rows, col) in enumerate(self._blocks[name]):
+    for k, (rows, col, one) in enumerate(self._blocks[name]):
       m = w[f"block{k}"]
       xr = x[..., rows[0]:rows[1]] if isinstance(rows, tuple) else x[..., rows]
-      out = out.at[..., col:col + m.shape[1]].add(jnp.einsum("bpr,rk->bpk", xr, m, precision=HIGHEST))
+      y = jnp.einsum("bpr,rk->bpk", xr, m, precision=HIGHEST)
+      if one is not None:   # after the product, as a dense layer's h @ W + b
+        y = y + x[..., one:one + 1] * w[f"block{k}.bias"][None, None, :]
+      out = out.at[..., col:col + m.shape[1]].add(y)
     return out
 
   def _ahat(self, layer: AHATLayer, w, x, mask=None):

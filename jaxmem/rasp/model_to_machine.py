@@ -143,15 +143,18 @@ def to_machine(model: CompiledModel) -> MachineModel:
       cols = np.arange(d) if last else live[l][j]
       if cols.size == 0:   # no live unit: the hidden layer is 0, and so is everything it feeds
         continue
-      if j == 0:   # the residual, whose `one` row carries the bias
+      # the bias reads `one` and is added after the product, as the compiled model's h @ W + b (its
+      # clean steps' exactness rests on that order)
+      if j == 0:   # the residual
         rows, mat = np.arange(d), w[:, cols]
-        mat[one] += b[cols]
-      else:        # the previous hidden layer's live units, then `one` for the bias
+      else:        # the previous hidden layer's live units
         prev = live[l][j - 1]
-        rows = np.r_[L.slice(f"layer{l}.mlp{j - 1}") if prev.size else slice(0, 0), one]
-        mat = np.concatenate([w[np.ix_(prev, cols)], b[None, cols]], axis=0)
+        if prev.size:
+          rows, mat = np.r_[L.slice(f"layer{l}.mlp{j - 1}")], w[np.ix_(prev, cols)]
+        else:      # nothing live before: the bias alone (a zero row from `one` keeps the block non-empty)
+          rows, mat = np.asarray([one]), np.zeros((1, cols.size), np.float32)
       lin = LinearWeights(L)
-      lin.add_block(rows, 0 if last else L[f"layer{l}.mlp{j}.pre"].start, mat)
+      lin.add_block(rows, 0 if last else L[f"layer{l}.mlp{j}.pre"].start, mat, bias=b[cols], one=one)
       name = f"layer{l}.mlp.linear{j}"
       what = "the MLP's output into the residual" if last else f"hidden layer {j}'s pre-activations"
       layers.append(LinearLayer(name, f"{what} (layer {l}: " + ", ".join(ops["mlp"]) + ")"))

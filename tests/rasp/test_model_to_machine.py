@@ -100,3 +100,14 @@ def test_to_machine_refuses_what_is_not_a_compiled_model():
   with pytest.raises(ValueError, match="`model` must be a CompiledModel"):
     to_machine(PROGRAMS["reverse"].build(N))
 
+
+
+def test_the_machine_adds_each_mlp_bias_after_its_product_as_the_model_does():
+  """Fuzz program 4247: ``0.5 · width + length`` fused with the width's clean-up. With each MLP bias
+  folded into the machine's matrix as a row of ``one``, a one-hot of ``length`` came out 1.000001 and the
+  output 4.000044 at length 4, where the model (``h @ W + b``) gives 4.0 exactly."""
+  width = rasp.SelectorWidth(rasp.Select(rasp.length, rasp.length, rasp.Comparison.LT))
+  program = rasp.numerical(rasp.SequenceMap(lambda x, y: 0.5 * x + y, width, rasp.length))
+  model = rasp.compile(program, [True, False], 7)
+  xs = [[True] * n for n in range(1, 8)]
+  assert to_machine(model).apply_batch(xs) == model.apply_batch(xs) == [[float(n)] * n for n in range(1, 8)]

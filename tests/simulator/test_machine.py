@@ -232,3 +232,31 @@ def test_an_attention_span_stores_only_its_coordinates():
     part.value(0, "y", [[1.0]])
   with pytest.raises(ValueError, match="`span` must satisfy"):
     AttentionWeights(L, 1, 1, 1, span=(2, 2))
+
+
+def test_a_blocks_bias_is_added_after_its_product_as_a_dense_layer_adds_it():
+  """``add_block(..., bias, one)`` is ``M[one, cols] += bias`` computed as ``x[rows] @ m + x[one]·bias``,
+  the float32 result of a dense layer's ``h @ W + b`` (a compiled RASP model's clean steps rest on that
+  order). With ``h = (2²⁴, 1)``, ``W = (1, 1)ᵀ`` and ``b = −2²⁴``, ``h @ W`` rounds to 2²⁴ whatever the
+  order of its two terms, so ``h @ W + b`` is exactly 0; the bias summed inside the product as a row of
+  ``one`` gives 0 or 1 depending on the order of the three terms."""
+  L = Layout()
+  L.add("one", 1, "1", is_input=True)
+  L.add("u", 2, "input", is_input=True)
+  L.add("v", 1, "out")
+  big = np.float32(2.0 ** 24)
+  lw = LinearWeights(L)
+  lw.add_block("u", L["v"].start, np.ones((2, 1), np.float32), bias=[-big], one="one")
+  prog = Program(L, [LinearLayer("lin", "u1 + u2 - 2**24")], {"lin": lw})
+  out = np.asarray(prog.run(prog.encode(1, {"one": np.ones((1, 1)), "u": np.asarray([[big, 1.0]])})))
+  assert out[0, L["v"].start] == 0.0
+  lw = LinearWeights(L)
+  lw.add_block("u", L["v"].start, np.ones((2, 1), np.float32), bias=[3.0], one="one")
+  prog = Program(L, [LinearLayer("lin", "u1 + u2 + 3")], {"lin": lw})
+  rows, cols, vals = prog.linear_entries("lin")   # the bias is M's row `one`
+  assert (rows.tolist(), cols.tolist(), vals.tolist()) == ([0, 1, 2], [3, 3, 3], [3.0, 1.0, 1.0])
+  assert prog.num_params == 3 and prog.infos[0].reads == ("one", "u")
+  with pytest.raises(ValueError, match="`bias` and `one` go together"):
+    lw.add_block("u", L["v"].start, np.ones((2, 1)), bias=[1.0])
+  with pytest.raises(ValueError, match="`bias` must have shape \\[1\\]"):
+    lw.add_block("u", L["v"].start, np.ones((2, 1)), bias=[1.0, 2.0], one="one")
