@@ -75,8 +75,14 @@ from jaxmem.kernels.assoc.chunked import chunked_head, chunked_scan, unit_lower_
 from jaxmem.kernels.assoc.common import DECAY_RULES, ERASE_RULES, MODES, OJA_RULES, RULES, WITH_DECAY, acc_dtype
 from jaxmem.kernels.assoc.parallel import parallel_head
 from jaxmem.kernels.assoc.recurrent import recurrent_head, update
+from jaxmem.kernels.assoc.varlen import sequences_forward
 from jaxmem.kernels.precision import matmul_for
-from jaxmem.kernels.segments import check_segment_ids, segment_starts
+from jaxmem.kernels.segments import (
+  check_cu_seqlens,
+  check_segment_ids,
+  cu_seqlens_to_segment_ids,
+  segment_starts,
+)
 
 _NORM_EPS = 1e-6
 # decay= values below this are read as it (log-space kernels; see log_of_decay)
@@ -105,8 +111,12 @@ def log_of_decay(decay: jax.Array) -> jax.Array:
 # Dispatch over modes, batch and heads.
 
 
-def _run(rule, mode, chunk_size, dot, q, k, v, beta, logg, S0):
-  """``[B, T, H, ·]`` inputs (accumulation dtype) -> ``(o [B, T, H, D_v], S [B, H, D_v, D_k])``."""
+def _run(rule, mode, chunk_size, dot, q, k, v, beta, logg, S0, cu=None):
+  """``[B, T, H, ·]`` inputs (accumulation dtype) -> ``(o [B, T, H, D_v], S [B, H, D_v, D_k])``; with ``cu``
+  (``cu_seqlens``, ``B = 1``) ``S0`` and ``S`` are the per-sequence states ``[N, H, D_v, D_k]``
+  (:mod:`.varlen`)."""
+  if cu is not None:
+    return sequences_forward(rule, mode, chunk_size, q, k, v, beta, logg, S0, cu, dot=dot)
   T = q.shape[1]
   if mode == "chunked" or (mode == "parallel" and rule in ("delta", "gated_delta")):
     # parallel delta rules: the UT form with one chunk spanning the sequence
@@ -121,9 +131,9 @@ def _run(rule, mode, chunk_size, dot, q, k, v, beta, logg, S0):
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
-def _auto(rule, fwd_mode, chunk_size, dot, q, k, v, beta, logg, S0):
+def _auto(rule, fwd_mode, chunk_size, dot, q, k, v, beta, logg, S0, cu=None):
   """auto: the forward-fastest form when not differentiated, the chunked form's JVP when."""
-  return _run(rule, fwd_mode, chunk_size, dot, q, k, v, beta, logg, S0)
+  return _run(rule, fwd_mode, chunk_size, dot, q, k, v, beta, logg, S0, cu)
 
 
 @_auto.defjvp
@@ -141,10 +151,14 @@ def auto_forward_mode(platform: Optional[str] = None) -> str:
   return "recurrent" if platform == "cpu" else "chunked"
 
 
-@functools.partial(jax.jit, static_argnames=("rule", "mode", "chunk_size", "normalize_keys", "dot"))
-def _forward(q, k, v, beta, decay, log_decay, S0, segment_ids, *, rule, mode, chunk_size, normalize_keys, dot):
+@functools.partial(jax.jit,
+                   static_argnames=("rule", "mode", "chunk_size", "normalize_keys", "dot", "sequences"))
+def _forward(q, k, v, beta, decay, log_decay, S0, segment_ids, cu, *, rule, mode, chunk_size, normalize_keys,
+             dot, sequences):
   """The whole computation of :func:`associative_memory` after its checks, in one compiled program
-  (defaults, broadcasts and casts included: outside ``jit`` each would compile a program of its own)."""
+  (defaults, broadcasts and casts included: outside ``jit`` each would compile a program of its own).
+  ``sequences``: ``cu`` with a state per sequence (``S0`` ``[N, H, D_v, D_k]``); ``cu`` without is a segment
+  per sequence."""
   B, T, H, Dv = v.shape  # H: the value heads (HV); q and k may have a divisor of it
   Dk = q.shape[-1]
   if q.shape[2] != H:  # grouped value heads: key / query head j serves value heads j·g .. j·g + g − 1
@@ -155,10 +169,17 @@ def _forward(q, k, v, beta, decay, log_decay, S0, segment_ids, *, rule, mode, ch
   o_dtype, S_dtype = v.dtype, acc if S0 is None else S0.dtype
   beta = jnp.ones((B, T, H), acc) if beta is None else jnp.broadcast_to(beta.astype(acc), (B, T, H))
   logg = _log_decay(decay, log_decay, acc, (B, T, H))
-  S0 = jnp.zeros((B, H, Dv, Dk), acc) if S0 is None else S0
+  S0 = jnp.zeros((cu.shape[0] - 1 if sequences else B, H, Dv, Dk), acc) if S0 is None else S0
   q, k, v, S0 = (x.astype(acc) for x in (q, k, v, S0))
   if normalize_keys:
     k = l2_normalize(k)
+  if cu is not None and not sequences:
+    segment_ids = cu_seqlens_to_segment_ids(cu, T)
+  if sequences:
+    cu = cu.astype(jnp.int32)
+    form, fwd_mode = (_auto, auto_forward_mode()) if mode == "auto" else (_run, mode)
+    o, S = form(rule, fwd_mode, chunk_size, dot, q, k, v, beta, logg, S0, cu)
+    return o.astype(o_dtype), S.astype(S_dtype)
   if segment_ids is not None:
     # a boundary is a decay of 0 (exact in every form); padding neither decays nor writes, and reads 0
     start, valid = (m[..., None] for m in segment_starts(segment_ids))
@@ -314,6 +335,7 @@ def associative_memory(
     normalize_keys: bool = False,
     precision: Any = "highest",
     segment_ids: Optional[jax.Array] = None,
+    cu_seqlens: Any = None,
 ):
   """Multi-head associative matrix memory (write with ``rule``, read ``o_t = S_t q_t``).
 
@@ -344,10 +366,18 @@ def associative_memory(
       empties at the first token of each segment after a row's first, and padding (0) writes nothing
       and reads 0. ``initial_state`` is the state before a row's first segment and the final state the
       state after its last token.
+    cu_seqlens: ``[N + 1]`` integers (a list or an array), ``B = 1``: the row holds ``N`` sequences, sequence
+      ``n`` the tokens ``cu_seqlens[n]:cu_seqlens[n + 1]`` (fla's varlen form). Without ``initial_state`` and
+      ``return_state`` it is a segment per sequence (as ``segment_ids``). With either, each sequence has its
+      own state: ``initial_state`` and the returned state are ``[N, H, D_v, D_k]`` (zeros when None), each
+      sequence computed as if alone, in one pass over the packed row (``jaxmem/kernels/assoc/varlen.py``;
+      modes ``chunked``, ``recurrent`` and ``auto``). Concrete values must rise from 0 to ``T``; traced ones
+      are not checked.
 
   Returns:
     ``o [B, T, H, D_v]`` in the dtype of ``v``, and ``S_T`` if ``return_state`` (in the
-    dtype of ``initial_state``, else float32 — float64 for float64 inputs).
+    dtype of ``initial_state``, else float32 — float64 for float64 inputs; ``[N, H, D_v, D_k]``, a state per
+    sequence, with ``cu_seqlens``).
 
   Raises:
     ValueError: wrong ranks or mismatched batch/length/heads/key widths; non-floating
@@ -357,7 +387,8 @@ def associative_memory(
       ``log_decay`` missing, both given, given for a rule without decay, of the wrong
       shape, or (when concrete) out of range; ``beta``/``initial_state`` of the wrong
       shape; concrete ``beta`` not finite, or ``β‖k‖²`` (``β‖v‖²`` for oja) outside
-      ``[0, 2]`` for the erasing rules.
+      ``[0, 2]`` for the erasing rules; ``cu_seqlens`` not ``[N + 1]`` integers rising from 0 to ``T`` (when
+      concrete), with ``B > 1`` or with ``segment_ids``, or with per-sequence states in mode ``parallel``.
   """
   check_choice("rule", rule, RULES)
   check_choice("mode", mode, MODES)
@@ -380,22 +411,33 @@ def associative_memory(
     )
   if segment_ids is not None:
     segment_ids = check_segment_ids(segment_ids, B, T)
+  sequences = False
+  if cu_seqlens is not None:
+    if segment_ids is not None:
+      raise ValueError("pass `cu_seqlens` (B = 1) or `segment_ids` [B, T], not both.")
+    if B != 1:
+      raise ValueError(f"with `cu_seqlens` the batch size must be 1 (sequences packed along T), got B = {B}.")
+    cu_seqlens = check_cu_seqlens(cu_seqlens, T)
+    sequences = initial_state is not None or bool(return_state)
+    if sequences and mode == "parallel":
+      raise ValueError("`cu_seqlens` with a state per sequence runs in mode 'chunked', 'recurrent' or 'auto', "
+                       "not 'parallel'.")
   beta, decay, log_decay = _as_array(beta), _as_array(decay), _as_array(log_decay)
   if beta is not None:
     _check_shape("beta", beta, (B, T, H), "B, T, H")
   _decay_args(rule, decay, log_decay, ("decay", "log_decay"), (B, T, H), "B, T, H")
   if initial_state is not None:
     s = shape_of(initial_state)
-    if s != (B, H, Dv, Dk):
-      raise ValueError(
-          f"`initial_state` must have shape [B, H, D_v, D_k] = {(B, H, Dv, Dk)}, got {s}."
-      )
+    want = (shape_of(cu_seqlens)[0] - 1 if sequences else B, H, Dv, Dk)
+    if s != want:
+      raise ValueError(f"`initial_state` must have shape [{'N' if sequences else 'B'}, H, D_v, D_k] = {want}, "
+                       f"got {s}.")
   check_floating(q=q, k=k, v=v, initial_state=initial_state)
   check_stability(rule, beta, k, v, normalize_keys)
 
   S0 = None if initial_state is None else _as_array(initial_state)
-  o, S = _forward(q, k, v, beta, decay, log_decay, S0, segment_ids, rule=rule, mode=mode, chunk_size=chunk_size,
-                  normalize_keys=bool(normalize_keys), dot=dot)
+  o, S = _forward(q, k, v, beta, decay, log_decay, S0, segment_ids, cu_seqlens, rule=rule, mode=mode,
+                  chunk_size=chunk_size, normalize_keys=bool(normalize_keys), dot=dot, sequences=sequences)
   return (o, S) if return_state else o
 
 
