@@ -55,6 +55,7 @@ Derivations and measurements: ``jaxmem/kernels/assoc/README.md``.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Optional
 
 import jax
@@ -249,6 +250,7 @@ def _check_log_decay_values(log_decay, name: str) -> None:
                      f"such as {d[~ok].ravel()[:3].tolist()}.")
 
 
+@functools.lru_cache(maxsize=None)
 def _stability_slack(*dtypes) -> float:
   """Relative slack on β‖a‖² ≤ 2: the rounding of the inputs' dtype (3·eps, at least 1e-4).
 
@@ -258,31 +260,78 @@ def _stability_slack(*dtypes) -> float:
   return max(1e-4, 3.0 * eps)
 
 
+@functools.partial(jax.jit, static_argnames=("unit",))
+def _erase_range(beta, a, *, unit: bool):
+  """``[min, max]`` of ``β_t‖a_t‖²`` (``‖a‖² = 1`` when ``unit``) and whether ``β`` and ``a`` are all finite, as
+  one float32 (float64 under x64) vector: one small program and one read-back for the eager checks of device
+  arrays, where converting them to float64 numpy arrays costs more than the call itself."""
+  acc = jnp.promote_types(jnp.result_type(a, beta), jnp.float32)
+  a, beta = a.astype(acc), jnp.asarray(beta, acc)
+  sq = jnp.ones(a.shape[:-1], acc) if unit else jnp.sum(a * a, axis=-1)
+  if beta.ndim and sq.ndim and beta.shape[-1] != sq.shape[-1]:  # grouped value heads: a key head per group
+    sq = jnp.repeat(sq, beta.shape[-1] // sq.shape[-1], axis=-1)
+  prod = jnp.where(beta == 0, 0.0, beta * sq)  # β = 0 writes nothing, whatever ‖a‖² (an overflow included)
+  finite = lambda x: jnp.all(jnp.isfinite(x)).astype(acc)
+  return jnp.stack([jnp.min(prod), jnp.max(prod), finite(beta), 1.0 if unit else finite(a)])
+
+
+def _dtype(x):
+  return x.dtype if hasattr(x, "dtype") else jnp.result_type(x)
+
+
+# check_stability reduces device arrays of at least this many elements on the device (one small program and a
+# read-back of four numbers); smaller ones in numpy, where the program's dispatch and wait would cost more
+_DEVICE_CHECK_SIZE = 1 << 15
+
+
+def _erase_range_numpy(beta, a, unit: bool):
+  """:func:`_erase_range` in numpy: in the inputs' precision (at least float32; its rounding, ``D·eps``, is far
+  below the slack of :func:`_stability_slack`) when every product is finite, else again in float64, so that a
+  finite ``a`` whose square overflows float32 is reported as divergence, not as a non-finite input."""
+  b = np.asarray(1.0 if beta is None else beta)
+  a_np = np.asarray(a)
+  for dtype in (np.promote_types(np.result_type(a_np, b), np.float32), np.float64):
+    bb = b.astype(dtype, copy=False)
+    if unit:
+      sq = np.ones(a_np.shape[:-1], dtype)
+    else:
+      aa = a_np.astype(dtype, copy=False)
+      sq = np.einsum("...i,...i->...", aa, aa)
+    if bb.ndim and sq.ndim and bb.shape[-1] != sq.shape[-1]:  # grouped value heads: a key head per group
+      sq = np.repeat(sq, bb.shape[-1] // sq.shape[-1], axis=-1)
+    prod = bb * sq
+    lo, hi = float(np.min(prod)), float(np.max(prod))
+    if math.isfinite(lo) and math.isfinite(hi):
+      return lo, hi, True, True
+  return lo, hi, bool(np.all(np.isfinite(b))), unit or bool(np.all(np.isfinite(sq)))
+
+
 def check_stability(rule: str, beta, k, v, normalize_keys: bool) -> None:
   """Raises when concrete ``β_t‖a_t‖²`` leaves ``[0, 2]`` (a = k, or v for the Oja rules), or β is not finite
-  (``beta`` ``[.., H]`` or a scalar; ``k`` may have a divisor of ``H`` heads). Tracers are not checked."""
-  _check_finite_values("beta", beta)
-  if rule not in ERASE_RULES:
-    return
+  (``beta`` ``[.., H]`` or a scalar; ``k`` may have a divisor of ``H`` heads). Tracers are not checked.
+
+  Large device arrays are reduced on the device (:func:`_erase_range`), the rest in numpy
+  (:func:`_erase_range_numpy`); both raise the same errors."""
   a = v if rule in OJA_RULES else k
-  if not (is_concrete(beta) and is_concrete(a)):
+  if rule not in ERASE_RULES or not (is_concrete(beta) and is_concrete(a)):
+    _check_finite_values("beta", beta)
     return
-  b = np.asarray(1.0 if beta is None else beta, np.float64)
-  if normalize_keys and rule not in OJA_RULES:
-    sq = np.ones(shape_of(a)[:-1])
+  unit = bool(normalize_keys) and rule not in OJA_RULES
+  if isinstance(a, jax.Array) and a.size >= _DEVICE_CHECK_SIZE:
+    lo, hi, beta_ok, a_ok = (float(x) for x in np.asarray(_erase_range(1.0 if beta is None else beta, a,
+                                                                       unit=unit)))
   else:
-    sq = np.sum(np.square(np.asarray(a, np.float64)), axis=-1)
-  if b.ndim and sq.ndim and b.shape[-1] != sq.shape[-1]:  # grouped value heads: a key head per group
-    sq = np.repeat(sq, b.shape[-1] // sq.shape[-1], axis=-1)
-  prod = b * sq
-  if not np.all(np.isfinite(prod)):
+    lo, hi, beta_ok, a_ok = _erase_range_numpy(beta, a, unit)
+  if not beta_ok:
+    _check_finite_values("beta", beta)  # raises, naming the values
+  if not a_ok:
     arg = "v" if rule in OJA_RULES else "k"
     raise ValueError(f"`{arg}` must be finite for rule {rule!r} (it sets the erase factor), got a non-finite "
                      f"value in shape {shape_of(a)}.")
-  slack = _stability_slack(jnp.result_type(a), jnp.result_type(1.0 if beta is None else beta))
-  if np.any(prod < -slack) or np.any(prod > 2.0 * (1.0 + slack)):
+  slack = _stability_slack(_dtype(a), _dtype(1.0 if beta is None else beta))
+  if lo < -slack or hi > 2.0 * (1.0 + slack):
     which, arg = ("‖v_t‖²", "v") if rule in OJA_RULES else ("‖k_t‖²", "k")
-    worst = float(prod.max()) if prod.max() > 2 else float(prod.min())
+    worst = hi if hi > 2 else lo
     raise ValueError(
         f"rule {rule!r} diverges unless 0 <= beta_t·{which} <= 2 for every token, got {worst:.4g} "
         f"(`beta` shape {shape_of(beta)}, `{arg}` shape {shape_of(a)}); "
