@@ -246,12 +246,25 @@ def test_bench_decode_prints_times_state_sizes_and_ratios(capsys, monkeypatch):
     step = 0.003 if (i // 2) % 2 == 0 else 0.0015
     return 0.010 if i % 2 == 0 else n * step
 
+  def fixed_interleaved(fns, repeats=5, warmup=1):   # the mixed lengths: [24, 24] in 20 ms, [24, 8] in 25 ms
+    assert list(fns) == [(24, 24), (24, 8)], list(fns)
+    for fn in fns.values():
+      fn()
+      calls.append(fn)
+    return {(24, 24): 0.020, (24, 8): 0.025}
+
   monkeypatch.setattr(bench_decode, "time_host", fixed_time)
+  monkeypatch.setattr(bench_decode, "time_interleaved", fixed_interleaved)
   assert main(["bench", "decode", "--quick", "--repeats", "1"]) == 0
   out = capsys.readouterr().out
   kv = {int(r[1]): r for r in table_rows(out, "softmax (KV cache)")}
   mem = {int(r[1]): r for r in table_rows(out, "gated delta (state)")}
-  assert set(kv) == set(mem) == {8, 24} and len(calls) == 8
+  assert set(kv) == set(mem) == {8, 24} and len(calls) == 12
+  # mixed prompt lengths at the largest context: each model's [24, 8] against its [24, 24]
+  equal, mixed = table_rows(out, "[24, 24]"), table_rows(out, "[24, 8]")
+  assert [r[1] for r in equal] == [r[1] for r in mixed] == ["softmax (KV cache)", "gated delta (state)"]
+  assert all(float(r[2]) == 20.0 and r[3] == "1.00×" for r in equal), equal
+  assert all(float(r[2]) == 25.0 and r[3] == "1.25×" for r in mixed), mixed
   for C in (8, 24):
     assert float(kv[C][3]) == 3.0 and float(mem[C][3]) == 1.5
     assert positive_finite(kv[C][4]) == pytest.approx(2 / 0.003, abs=0.5)           # batch / seconds per token
@@ -264,3 +277,18 @@ def test_bench_decode_prints_times_state_sizes_and_ratios(capsys, monkeypatch):
   mem_bytes = lambda C: bench_decode._state_bytes(models["gated delta (state)"], C, n)
   assert kv_bytes(24) - kv_bytes(8) == 2 * 16 * 16 * 4 and mem_bytes(24) == mem_bytes(8)
   assert "faster from context 8" in out
+
+
+def test_sample_takes_any_int_seed(monkeypatch, capsys):
+  """``jaxmem sample --seed`` takes any int (2**64 + 7 here; ``jax.random.key`` refuses 2**63 and more): it
+  prints the prompt and the bytes ``generate`` samples with that seed."""
+  from flax import nnx
+
+  from jaxmem.models import DNCLM, DNCLMConfig
+  cfg = DNCLMConfig(d_embed=8, memory_size=6, word_size=4, num_reads=1, hidden_size=10)
+  model = DNCLM(cfg, rngs=nnx.Rngs(0))
+  monkeypatch.setattr("jaxmem.train.load_trained_lm", lambda workdir, step=None: (model, None, 0))
+  seed = 2 ** 64 + 7
+  assert main(["sample", "--workdir", "unused", "--prompt", "ab", "-n", "4", "--seed", str(seed)]) == 0
+  want = jaxmem.generate(model, [list(b"ab")], 4, seed=seed)[0, 2:]
+  assert capsys.readouterr().out == "ab" + bytes(int(t) for t in want).decode("utf-8", "replace") + "\n"

@@ -5,7 +5,12 @@ Per model, context ``C`` and batch ``B``, ``generate``'s two phases timed apart 
 prefill tokens per second (``init_state`` and the prompt through :func:`jaxmem.decode.prefill`, in pieces as
 ``generate`` runs it), decode ms per token (``n`` greedy ``step``s in one ``lax.scan`` from the prefilled
 state, divided by ``n``), and the bytes of decoding state per sequence (``init_state``'s arrays: the KV cache
-grows with the context, the memory does not)."""
+grows with the context, the memory does not).
+
+Then mixed prompt lengths (:func:`bench_mixed_lengths`): ``generate``'s whole call (prefill and
+:data:`MIXED_N` greedy tokens) on a batch of two prompts of ``C`` and :data:`SHORT` tokens against two of ``C``
+(``C`` the largest context up to 2,048), per model: every row is prefilled through the parallel / chunked
+forms whatever its length, so the ratio stays near 1."""
 
 from __future__ import annotations
 
@@ -14,11 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxmem.bench.timing import time_host
+from jaxmem.bench.timing import time_host, time_interleaved
 from jaxmem.results import markdown_table
 
 QUICK = dict(contexts=(128, 512), batches=(1, 4), n=64, d_model=64, n_layers=2, n_heads=2)
 FULL = dict(contexts=(512, 2048, 8192), batches=(1, 8), n=128, d_model=256, n_layers=4, n_heads=4)
+SHORT = 8       # the short prompt of the mixed-lengths batch
+MIXED_N = 8     # new tokens in the mixed-lengths timing: few, so that the prefill dominates
 
 
 def _models(d_model: int, n_layers: int, n_heads: int) -> dict:
@@ -61,6 +68,30 @@ def _programs(model, B: int, C: int, n: int):
   return pre, dec
 
 
+def bench_mixed_lengths(quick: bool = False, repeats: int = 5, models=None) -> str:
+  """``generate``'s wall time (ms, median of ``repeats`` after a compiling call, the two calls taking turns) for
+  prompt lengths ``[C, SHORT]`` against ``[C, C]`` (one prompt array of width ``C``), per model, and their
+  ratio: a Markdown section."""
+  from jaxmem.decode import generate
+  s = QUICK if quick else FULL
+  C = max([c for c in s["contexts"] if c <= 2048] or [min(s["contexts"])])
+  models = _models(s["d_model"], s["n_layers"], s["n_heads"]) if models is None else models
+  prompt = np.random.RandomState(C).randint(0, 256, (2, C))
+  rows = []
+  for name, model in models.items():
+    runs = {lengths: (lambda model=model, lengths=lengths: jax.block_until_ready(
+        generate(model, prompt, MIXED_N, temperature=0.0, prompt_lengths=list(lengths))))
+        for lengths in ((C, C), (C, SHORT))}
+    ms = {lengths: 1e3 * t for lengths, t in time_interleaved(runs, repeats).items()}
+    for lengths in ((C, C), (C, SHORT)):
+      rows.append([f"[{lengths[0]}, {lengths[1]}]", name, f"{ms[lengths]:,.1f}",
+                   f"{ms[lengths] / ms[C, C]:.2f}×"])
+  dims = f"d_model={s['d_model']}, {s['n_layers']} layers, {s['n_heads']} heads"
+  return (f"### decode: mixed prompt lengths, jaxmem.generate of {MIXED_N} greedy tokens, batch 2, {dims}, "
+          f"{jax.devices()[0].platform}\n\n"
+          + markdown_table(["prompt lengths", "model", "generate ms", "÷ equal lengths"], rows) + "\n")
+
+
 def bench_decode(quick: bool = False, repeats: int = 5) -> str:
   s = QUICK if quick else FULL
   n = s["n"]
@@ -98,4 +129,4 @@ def bench_decode(quick: bool = False, repeats: int = 5) -> str:
   return (f"### decode: jaxmem.generate, {dims}, greedy, float32, {jax.devices()[0].platform}\n\n"
           + markdown_table(head, rows) + "\n\nsoftmax ms/token ÷ gated-delta ms/token (> 1: the recurrent "
           "model is faster):\n\n" + markdown_table(["context", "batch", "ratio"], ratio_rows)
-          + f"\n\n{notes}.\n")
+          + f"\n\n{notes}.\n\n" + bench_mixed_lengths(quick, repeats, models))

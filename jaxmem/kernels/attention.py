@@ -44,7 +44,7 @@ import jax.numpy as jnp
 
 from jaxmem.checks import check_equal, check_finite_number, check_floating, check_rank
 from jaxmem.kernels.precision import Matmul, matmul_for
-from jaxmem.kernels.segments import check_segment_ids, segment_index
+from jaxmem.kernels.segments import check_lengths, check_segment_ids, segment_index
 
 # Large negative *finite* logit for masked slots: exp underflows to exactly 0 while a
 # fully masked row stays finite (uniform weights) instead of becoming NaN.
@@ -250,13 +250,20 @@ def cache_write(buffer_BS: jax.Array, length_B: jax.Array, new_BT: jax.Array) ->
   return buffer_BS.at[rows, positions_BT].set(new_BT.astype(buffer_BS.dtype), mode="drop")
 
 
-def kv_cache_append(cache: dict, k_BTHD: jax.Array, v_BTHE: jax.Array) -> dict:
+def kv_cache_append(cache: dict, k_BTHD: jax.Array, v_BTHE: jax.Array, lengths=None) -> dict:
   """The cache with ``k [B, T, H, D]``, ``v [B, T, H, E]`` written at each row's positions
   ``length .. length + T − 1`` and ``length + T``: static shapes (no recompilation per step or per length).
+
+  ``lengths [B]`` (or None: all ``T``): right-padded rows, row ``b``'s tokens past its first ``lengths[b]``
+  are padding and its ``length`` grows by ``lengths[b]`` only. The padding's entries are still written, past
+  the new length, where no query of a later chunk reads them (a query at position ``p`` reads entries
+  ``≤ p``) before the row's next tokens overwrite them.
 
   Past ``max_len`` nothing wraps: the writes that do not fit are dropped and ``length`` still grows (the
   caller checks lengths on the host; a read past the end sees the first ``max_len`` tokens, finite)."""
   check_kv_cache(cache, k_BTHD, v_BTHE)
   length = cache["length"]
+  T = k_BTHD.shape[1]
+  grow = T if lengths is None else check_lengths(lengths, length.shape[0], T)
   return {**cache, "k": cache_write(cache["k"], length, k_BTHD), "v": cache_write(cache["v"], length, v_BTHE),
-          "length": length + k_BTHD.shape[1]}
+          "length": length + grow}

@@ -45,7 +45,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmem.checks import check_rank
-from jaxmem.kernels.segments import check_segment_ids, previous_in_segment, segment_index
+from jaxmem.kernels.segments import (
+  check_lengths,
+  check_segment_ids,
+  previous_in_segment,
+  segment_index,
+  where_rows,
+)
 
 
 def _check_tokens(name: str, tokens, rank: int, layout: str) -> tuple[int, ...]:
@@ -148,12 +154,14 @@ def rosa_init(batch_size: int, capacity: int) -> dict:
   return {"tokens": zeros, "match": zeros, "length": jnp.zeros((batch_size,), jnp.int32)}
 
 
-def rosa_scan(state: dict, tokens_BT, *, none_id: int = -1, return_length: bool = False):
+def rosa_scan(state: dict, tokens_BT, *, none_id: int = -1, return_length: bool = False, lengths=None):
   """:func:`rosa` continued from a streaming state (:func:`rosa_init`): ``(state, pred_BT)``.
 
   Row ``b`` continues at its own position ``state["length"][b]``; the predictions equal those of
   :func:`rosa` on the row's whole sequence so far. Tokens past the capacity are not stored (under
-  ``jit`` this cannot raise): keep ``length + T <= capacity``.
+  ``jit`` this cannot raise): keep ``length + T <= capacity``. ``lengths [B]`` (or None: all ``T``):
+  right-padded rows, row ``b`` reads its first ``lengths[b]`` tokens only (the state returned is the one
+  after them; the predictions at the padding are unspecified).
 
   Returns:
     ``(new_state, pred_BT)``, and with ``return_length`` ``(new_state, (pred_BT, length_BT))``.
@@ -162,8 +170,11 @@ def rosa_scan(state: dict, tokens_BT, *, none_id: int = -1, return_length: bool 
   none_id = _check_none_id(none_id)
   C = state["tokens"].shape[1]
   j_C = jnp.arange(C, dtype=jnp.int32)
+  keep_TB = None if lengths is None else \
+      jnp.arange(T, dtype=jnp.int32)[:, None] < check_lengths(lengths, B, T)[None, :]
 
-  def step(st, x_B):
+  def step(st, inputs):
+    x_B, keep_B = inputs
     buf, M, t = st["tokens"], st["match"], st["length"]
     prev = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), M[:, :-1]], axis=1)   # M_{t-1}[j-1]
     M = jnp.where((buf == x_B[:, None]) & (j_C[None] < t[:, None]), prev + 1, 0)
@@ -172,10 +183,11 @@ def rosa_scan(state: dict, tokens_BT, *, none_id: int = -1, return_length: bool 
     j = jnp.max(jnp.where(M == L[:, None], j_C[None], -1), axis=1)               # most recent
     nxt = jnp.take_along_axis(buf, jnp.clip(j + 1, 0, C - 1)[:, None], axis=1)[:, 0]
     pred = jnp.where(L > 0, nxt, jnp.int32(none_id))
-    return {"tokens": buf, "match": M, "length": t + 1}, (pred, L)
+    new = {"tokens": buf, "match": M, "length": t + 1}
+    return (new if keep_B is None else where_rows(keep_B, new, st)), (pred, L)
 
   x_TB = jnp.swapaxes(jnp.asarray(tokens_BT).astype(jnp.int32), 0, 1)
-  state, (pred_TB, length_TB) = jax.lax.scan(step, state, x_TB)
+  state, (pred_TB, length_TB) = jax.lax.scan(step, state, (x_TB, keep_TB))
   return state, ((pred_TB.T, length_TB.T) if return_length else pred_TB.T)
 
 

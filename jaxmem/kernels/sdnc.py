@@ -48,7 +48,7 @@ from jaxmem.kernels.attention import (
   kv_cache_append,
   kv_cache_init,
 )
-from jaxmem.kernels.segments import check_segment_ids, segment_index, segment_starts
+from jaxmem.kernels.segments import check_lengths, check_segment_ids, segment_index, segment_starts
 from jaxmem.kernels.segsum import segsum
 
 
@@ -162,7 +162,7 @@ def sdnc_memory_head(K_SD, V_SE, length, q_TD, k_TD, v_TE, *, scale):
   return K, V, reads.astype(v_TE.dtype)
 
 
-def sdnc_scan(memory: dict, q, k, v, *, scale: Optional[float] = None):
+def sdnc_scan(memory: dict, q, k, v, *, scale: Optional[float] = None, lengths=None):
   """:func:`sdnc_attention` from a memory that already holds tokens (decoding, a prompt's prefill).
 
   Args:
@@ -170,6 +170,9 @@ def sdnc_scan(memory: dict, q, k, v, *, scale: Optional[float] = None):
       (:func:`jaxmem.kernels.attention.kv_cache_init`): row ``b``'s slots ``0 .. length[b] − 1`` are written.
     q, k: ``[B, T, H, D]``; v: ``[B, T, H, E]``: the next ``T`` tokens of every row.
     scale: content-address temperature, ``1/sqrt(D)`` when None.
+    lengths: ``[B]`` or None (all ``T``): right-padded rows, only row ``b``'s first ``lengths[b]`` tokens are
+      kept (:func:`jaxmem.kernels.attention.kv_cache_append`: its ``length`` grows by that many, the
+      padding's slots lie past it and are overwritten by the row's next tokens; their reads are unspecified).
 
   Returns:
     ``(memory after the chunk, reads [B, T, H, E])``; from an empty memory of ``S ≥ T`` slots the reads are
@@ -182,7 +185,9 @@ def sdnc_scan(memory: dict, q, k, v, *, scale: Optional[float] = None):
   head = lambda K, V, n, q_, k_, v_: sdnc_memory_head(K, V, n, q_, k_, v_, scale=scale)
   per_row = jax.vmap(head, in_axes=(1, 1, None, 1, 1, 1), out_axes=(1, 1, 1))  # over heads
   K, V, reads = jax.vmap(per_row)(memory["k"], memory["v"], memory["length"], q, k, v)
-  return {**memory, "k": K, "v": V, "length": memory["length"] + q.shape[1]}, reads
+  T = q.shape[1]
+  grow = T if lengths is None else check_lengths(lengths, q.shape[0], T)
+  return {**memory, "k": K, "v": V, "length": memory["length"] + grow}, reads
 
 
 def sdnc_cross_attention(q, k_mem, v_mem, *, scale: Optional[float] = None):
@@ -422,12 +427,14 @@ def sdnc_hybrid_init(batch_size: int, max_len: int, n_heads: int, d_key: int, d_
   return memory
 
 
-def hybrid_cache_head(K_SD, V_SE, P_S, length, q_TD, erase_TL, modes_T3, *, scale):
+def hybrid_cache_head(K_SD, V_SE, P_S, length, q_TD, erase_TL, modes_T3, n_valid=None, *, scale):
   """One head of the hybrid read of a chunk of ``T`` queries at positions ``length + t`` from a cache
   ``K [S, D]``, ``V [S, E]`` that already holds the chunk's keys and values, and ``P [S]`` (or None): the
   log presences at the chunk's start, with the chunk's own write strengths ``log g`` at its slots.
   One masked ``[T, S]`` read (the parallel form of :func:`hybrid_head` on the cache). Returns
-  ``(reads [T, E] in float32 at least, P after the chunk or None)``."""
+  ``(reads [T, E] in float32 at least, P after the chunk or None)``; ``n_valid`` (a scalar, or None for
+  ``T``): only the chunk's first ``n_valid`` tokens are kept, so ``P`` is the one after token
+  ``n_valid − 1`` (the erases of the padding after it never apply)."""
   T, S = q_TD.shape[0], K_SD.shape[0]
   acc = jnp.promote_types(jnp.result_type(q_TD, K_SD, V_SE), jnp.float32)
   logits = jnp.einsum("td,sd->ts", q_TD, K_SD, preferred_element_type=acc) * jnp.asarray(scale, acc)
@@ -444,7 +451,11 @@ def hybrid_cache_head(K_SD, V_SE, P_S, length, q_TD, erase_TL, modes_T3, *, scal
       column_S = jnp.clip(s_idx - length + 1, 0, T)
       decay_TS = seg[1:, column_S]   # slots after the query (or unwritten) get 0 (and are masked)
       logits = logits + decay_TS
-      P_new = P_S + decay_TS[-1].astype(P_S.dtype)
+      if n_valid is None:
+        P_new = P_S + decay_TS[-1].astype(P_S.dtype)
+      else:  # the decays to the last kept token; none when the row keeps no token of this chunk
+        last = decay_TS[jnp.clip(n_valid - 1, 0, T - 1)]
+        P_new = P_S + jnp.where(n_valid > 0, last, 0.0).astype(P_S.dtype)
   visible = s_idx[None, :] <= position_T[:, None]
   w = jax.nn.softmax(jnp.where(visible, logits, MASK_VALUE), axis=-1)
   out = _read_with_links(w, V_SE.astype(acc), modes_T3, s_idx[None, :] < position_T[:, None])
@@ -452,7 +463,7 @@ def hybrid_cache_head(K_SD, V_SE, P_S, length, q_TD, erase_TL, modes_T3, *, scal
 
 
 def sdnc_hybrid_scan(memory: dict, q, k, v, *, write_gate=None, erase_gate=None, read_modes=None,
-                     scale: Optional[float] = None):
+                     scale: Optional[float] = None, lengths=None):
   """:func:`sdnc_hybrid_attention` from a memory that already holds tokens (decoding, a prompt's prefill).
 
   Args:
@@ -460,6 +471,9 @@ def sdnc_hybrid_scan(memory: dict, q, k, v, *, write_gate=None, erase_gate=None,
       or a memory this function returned: row ``b``'s slots ``0 .. length[b] − 1`` are written.
     q, k, v, write_gate, erase_gate, read_modes, scale: as in :func:`sdnc_hybrid_attention`, for the next
       ``T`` tokens of every row.
+    lengths: ``[B]`` or None (all ``T``): right-padded rows, only row ``b``'s first ``lengths[b]`` tokens are
+      kept: the memory is the one after them (the padding's erases never apply; its slots lie past the new
+      ``length``, overwritten by the row's next tokens); the padding's reads are unspecified.
 
   Returns:
     ``(memory after the chunk, reads [B, T, H, E])``: from an empty memory, :func:`sdnc_hybrid_attention`'s
@@ -473,19 +487,21 @@ def sdnc_hybrid_scan(memory: dict, q, k, v, *, write_gate=None, erase_gate=None,
     raise ValueError("a write gate or erase needs the memory's slot presences: "
                      "sdnc_hybrid_init(..., presence=True).")
   length = memory["length"]
-  new = kv_cache_append(memory, k, v)
+  if lengths is not None:
+    lengths = check_lengths(lengths, q.shape[0], q.shape[1])
+  new = kv_cache_append(memory, k, v, lengths)
   if presence is not None:
     log_g = (jnp.zeros(q.shape[:3], presence.dtype) if write_gate is None
              else _log_sigmoid(write_gate).astype(presence.dtype))
     presence = cache_write(presence, length, log_g)   # slot t is written with strength g_t
   # vmap over heads, then rows; absent inputs (None) are passed through unbatched
-  args = (new["k"], new["v"], presence, length, q, erase_gate, read_modes)
-  head_axes = (1, 1, 1, None, 1, 1, 1)
-  row_axes = (0, 0, 0, 0, 0, 0, 0)
+  args = (new["k"], new["v"], presence, length, q, erase_gate, read_modes, lengths)
+  head_axes = (1, 1, 1, None, 1, 1, 1, None)
+  row_axes = (0, 0, 0, 0, 0, 0, 0, 0)
   if presence is None:
-    head = lambda K, V, _, n, q_, e, m: (hybrid_cache_head(K, V, None, n, q_, e, m, scale=scale)[0], None)
+    head = lambda K, V, _, n, q_, e, m, c: (hybrid_cache_head(K, V, None, n, q_, e, m, c, scale=scale)[0], None)
   else:
-    head = lambda K, V, P, n, q_, e, m: hybrid_cache_head(K, V, P, n, q_, e, m, scale=scale)
+    head = lambda K, V, P, n, q_, e, m, c: hybrid_cache_head(K, V, P, n, q_, e, m, c, scale=scale)
   head_axes = tuple(None if a is None else ax for a, ax in zip(args, head_axes, strict=True))
   row_axes = tuple(None if a is None else ax for a, ax in zip(args, row_axes, strict=True))
   reads, presence = jax.vmap(jax.vmap(head, in_axes=head_axes, out_axes=1), in_axes=row_axes)(*args)

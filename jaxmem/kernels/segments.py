@@ -12,7 +12,8 @@ Several documents packed into one row of ``T`` tokens are told apart by ``segmen
 The same convention holds in every kernel and mixer that takes ``segment_ids`` (attention masks compare
 :func:`segment_index`; recurrences reset at :func:`segment_starts`). ``cu_seqlens [N + 1]`` (fla's and
 FlashAttention's varlen form: ``B = 1``, sequence ``n`` is tokens ``cu_seqlens[n]:cu_seqlens[n + 1]``) maps to
-ids ``1..N`` (:func:`cu_seqlens_to_segment_ids`).
+ids ``1..N`` (:func:`cu_seqlens_to_segment_ids`); a padding mask ``attention_mask [B, T]`` (1 = token) maps to
+ids 1 and 0 (:func:`attention_mask_to_segment_ids`).
 """
 
 from __future__ import annotations
@@ -135,5 +136,55 @@ def cu_seqlens_to_segment_ids(cu_seqlens, T: int) -> jax.Array:
   return (jnp.searchsorted(ends, t, side="right") + 1).astype(jnp.int32)[None]
 
 
-__all__ = ["check_cu_seqlens", "check_segment_ids", "cu_seqlens_to_segment_ids", "previous_in_segment",
-           "segment_index", "segment_positions", "segment_starts", "where_rows"]
+def attention_mask_to_segment_ids(attention_mask) -> jax.Array:
+  """A Hugging Face / fla padding mask ``[B, T]`` (1 or True = token, 0 or False = padding) as ``segment_ids
+  [B, T]`` int32: each row one document, its tokens id 1, its padding id 0.
+
+  With the convention above this is exactly what fla's layers do with ``attention_mask``: they gather each row's
+  tokens into one sequence (left or right padding alike; a mixer's convolution and state skip the padding), run
+  them with ``cu_seqlens``, and write zeros back at the padding. For a decoding step fla reads the mask's last
+  ``T`` columns (``attention_mask[:, -T:]``); pass those. Integer or boolean dtype (``ValueError`` otherwise);
+  concrete values other than 0 and 1 raise a ``ValueError``; under ``jit`` any non-zero value is a token."""
+  shape = shape_of(attention_mask)
+  if len(shape) != 2:
+    raise ValueError(f"`attention_mask` must have shape [B, T] (1 = token, 0 = padding), got {shape}; fla's "
+                     "layers refuse [B, T, T] masks too.")
+  dtype = jnp.result_type(attention_mask)
+  if not (jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_):
+    raise ValueError(f"`attention_mask` must hold integers or booleans (1 = token, 0 = padding), got dtype "
+                     f"{dtype}.")
+  if is_concrete(attention_mask):
+    a = np.asarray(attention_mask)
+    bad = a[(a != 0) & (a != 1)]
+    if bad.size:
+      raise ValueError(f"`attention_mask` must hold 0 (padding) and 1 (token), got values such as "
+                       f"{bad.ravel()[:3].tolist()}.")
+  return (jnp.asarray(attention_mask) != 0).astype(jnp.int32)
+
+
+def check_lengths(lengths, B: int, T: int, name: str = "lengths") -> jax.Array:
+  """``lengths [B]``, how many leading tokens of each row of a ``T``-token chunk are read (the rest is right
+  padding), as int32 clipped to ``[0, T]``; ``ValueError`` naming ``name`` for a wrong shape, a non-integer (or
+  boolean) dtype, or (when concrete) a value outside ``[0, T]``. Under ``jit`` the values cannot be checked:
+  they are clipped, so a row never reads past its chunk."""
+  shape = shape_of(lengths)
+  if shape != (B,):
+    raise ValueError(f"`{name}` must have shape [B] = {(B,)}, got {shape}.")
+  _check_integers(name, lengths, " (tokens read per row)")
+  if is_concrete(lengths):
+    a = np.asarray(lengths)
+    if a.size and (a.min() < 0 or a.max() > T):
+      raise ValueError(f"`{name}` must lie in [0, T = {T}], got {a.tolist()}.")
+  return jnp.clip(jnp.asarray(lengths, jnp.int32), 0, T)
+
+
+def lengths_to_segment_ids(lengths_B, T: int) -> jax.Array:
+  """``[B, T]`` ids of right-padded rows: 1 for row ``b``'s first ``lengths[b]`` tokens (one segment, which
+  continues the row's state), 0 (padding: writes nothing, reads nothing) after them."""
+  t = jnp.arange(T, dtype=jnp.int32)
+  return (t[None, :] < jnp.asarray(lengths_B, jnp.int32)[:, None]).astype(jnp.int32)
+
+
+__all__ = ["attention_mask_to_segment_ids", "check_cu_seqlens", "check_lengths", "check_segment_ids",
+           "cu_seqlens_to_segment_ids", "lengths_to_segment_ids", "previous_in_segment", "segment_index",
+           "segment_positions", "segment_starts", "where_rows"]

@@ -24,7 +24,13 @@ from flax import nnx
 
 from jaxmem.checks import check_config_ints, check_rank
 from jaxmem.kernels import dnc as dnc_kernels
-from jaxmem.kernels.segments import check_segment_ids, segment_starts, where_rows
+from jaxmem.kernels.segments import (
+  check_lengths,
+  check_segment_ids,
+  lengths_to_segment_ids,
+  segment_starts,
+  where_rows,
+)
 from jaxmem.models import bodies
 from jaxmem.models.layers import constant, embed, linear, token_ids
 
@@ -202,10 +208,13 @@ class DNCLM(nnx.Module):
     del max_len
     return self.dnc.initial_state(batch_size)
 
-  def scan(self, state, tokens_BT: jax.Array) -> tuple:
-    """``(state, tokens [B, T]) -> (state, logits [B, T, vocab_size])``."""
-    check_rank("tokens", tokens_BT, 2, "B, T")
-    state, y = self.dnc.scan(state, self.embed(token_ids(tokens_BT, self.cfg.vocab_size)))
+  def scan(self, state, tokens_BT: jax.Array, lengths=None) -> tuple:
+    """``(state, tokens [B, T]) -> (state, logits [B, T, vocab_size])``; ``lengths [B]`` (integers in
+    ``[0, T]``; None: all ``T``): right-padded rows, row ``b``'s state is the one after its first ``lengths[b]``
+    tokens (the padding leaves the DNC's state as it is; its logits are unspecified)."""
+    B, T = check_rank("tokens", tokens_BT, 2, "B, T")
+    segment_ids = None if lengths is None else lengths_to_segment_ids(check_lengths(lengths, B, T), T)
+    state, y = self.dnc.scan(state, self.embed(token_ids(tokens_BT, self.cfg.vocab_size)), segment_ids)
     return state, y.astype(jnp.float32)
 
   def step(self, state, tokens_B: jax.Array) -> tuple:

@@ -19,8 +19,8 @@ import numpy as np
 from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_embed_init, default_kernel_init
 
-from jaxmem.checks import check_positive_int, is_concrete
-from jaxmem.kernels.segments import previous_in_segment
+from jaxmem.checks import check_finite_number, check_positive_int, is_concrete
+from jaxmem.kernels.segments import check_lengths, previous_in_segment
 from jaxmem.sharding import param, with_axes
 
 Axes = Sequence[Optional[str]]
@@ -110,8 +110,11 @@ class CausalConv(nnx.Module):
     """The state before the first token: ``K − 1`` zero inputs ``[B, K − 1, C]``."""
     return jnp.zeros((batch_size, self.width - 1, self.channels), dtype)
 
-  def scan(self, tail_BKC: Optional[jax.Array], x_BTC: jax.Array) -> tuple:
-    """``(tail [B, K − 1, C] or None for zeros, x [B, T, C]) -> (the last K − 1 inputs, y [B, T, C])``."""
+  def scan(self, tail_BKC: Optional[jax.Array], x_BTC: jax.Array, lengths=None) -> tuple:
+    """``(tail [B, K − 1, C] or None for zeros, x [B, T, C]) -> (the last K − 1 inputs, y [B, T, C])``.
+    ``lengths [B]`` (or None: all ``T``): right-padded rows, row ``b`` reads its first ``lengths[b]`` inputs
+    only, and the tail returned is the last ``K − 1`` of those (with the tail it came with); ``y`` at the
+    padding is unspecified."""
     K, T = self.width, x_BTC.shape[1]
     w = self.taps[...].astype(x_BTC.dtype)
     tail = jnp.zeros((x_BTC.shape[0], K - 1, x_BTC.shape[2]), x_BTC.dtype) if tail_BKC is None \
@@ -122,7 +125,12 @@ class CausalConv(nnx.Module):
       y = y + w[K - 1 - j][None, None] * padded[:, K - 1 - j: K - 1 - j + T]
     if self.bias is not None:
       y = y + self.bias[...].astype(x_BTC.dtype)[None, None]
-    return padded[:, padded.shape[1] - (K - 1):], y
+    if lengths is None:
+      return padded[:, padded.shape[1] - (K - 1):], y
+    # row b's last K − 1 inputs end at its input lengths[b] − 1, i.e. at padded[lengths[b] + K − 2]
+    lengths = check_lengths(lengths, x_BTC.shape[0], T)
+    idx = lengths[:, None] + jnp.arange(K - 1, dtype=jnp.int32)[None]
+    return jnp.take_along_axis(padded, idx[..., None], axis=1), y
 
   def __call__(self, x_BTC: jax.Array, segment_ids: Optional[jax.Array] = None) -> jax.Array:
     """``y [B, T, C]``; with ``segment_ids [B, T]`` (packed sequences, :mod:`jaxmem.kernels.segments`) each tap
@@ -144,6 +152,43 @@ class CausalConv(nnx.Module):
     """One token: ``(tail [B, K − 1, C], x_t [B, C]) -> (tail, y_t [B, C])``."""
     tail, y = self.scan(tail_BKC, x_BC[:, None])
     return tail, y[:, 0]
+
+
+NORM_GATE_ACTIVATIONS = ("swish", "silu", "sigmoid")
+
+
+class RMSNormGated(nnx.Module):
+  """The gated RMSNorm of fla's ``GatedDeltaNet`` output (fla's ``FusedRMSNormGated``), over the last axis:
+
+      y = x / sqrt(mean(x²) + eps) · w ⊙ act(g),   act(g) = g·σ(g) ("swish" / "silu") or σ(g) ("sigmoid")
+
+  normalise first, then gate (Mamba-2's ``norm_before_gate=True``; :mod:`jaxmem.models.mixers.ssd` gates before
+  the norm). ``eps`` is added to the mean square under the root (fla's and PyTorch's ``RMSNorm`` convention),
+  default ``1e-5`` as fla's; ``w [features]`` starts at ones, logical axis ``axis`` (one weight shared by every
+  head when ``features`` is the head width, as in fla's layer); ``elementwise_affine=False`` drops it.
+  Computed in float32 (float64 for float64 inputs) and returned in ``x``'s dtype, as fla's kernel.
+  """
+
+  def __init__(self, features: int, *, eps: float = 1e-5, activation: str = "swish",
+               elementwise_affine: bool = True, axis: Optional[str] = "head_dim"):
+    self.features = check_positive_int("features", features)
+    if activation not in NORM_GATE_ACTIVATIONS:
+      raise ValueError(f"`activation` must be one of {list(NORM_GATE_ACTIVATIONS)}, got {activation!r}.")
+    self.eps, self.activation = check_finite_number("eps", eps, positive=True), activation
+    self.weight = nnx.data(param(jnp.ones((features,), jnp.float32), (axis,)) if elementwise_affine else None)
+
+  def __call__(self, x: jax.Array, g: jax.Array) -> jax.Array:
+    """``x, g [..., features]`` (the same shape) -> ``y``, ``x``'s shape and dtype."""
+    if x.shape != g.shape or not x.shape or x.shape[-1] != self.features:
+      raise ValueError(f"`x` and `g` must have the same shape [..., features = {self.features}], got "
+                       f"{x.shape} and {g.shape}.")
+    acc = jnp.promote_types(jnp.result_type(x, g), jnp.float32)
+    xf, gf = x.astype(acc), g.astype(acc)
+    y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.eps)
+    if self.weight is not None:
+      y = y * self.weight[...].astype(acc).reshape((1,) * (x.ndim - 1) + (-1,))
+    y = y * (jax.nn.sigmoid(gf) if self.activation == "sigmoid" else gf * jax.nn.sigmoid(gf))
+    return y.astype(x.dtype)
 
 
 def count_params(model: nnx.Module) -> int:

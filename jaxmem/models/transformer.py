@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxmem.checks import check_config_ints, check_rank
-from jaxmem.kernels.segments import check_segment_ids, previous_in_segment, segment_positions
+from jaxmem.kernels.segments import check_lengths, check_segment_ids, previous_in_segment, segment_positions
 from jaxmem.models import bodies, mixers
 from jaxmem.models.bodies import BodyConfig
 from jaxmem.models.layers import FeedForward, embed, layer_norm, linear, positions, token_ids
@@ -183,13 +183,15 @@ class Block(nnx.Module):
     ffn = self.ffn.init_state(batch_size, max_len) if isinstance(self.ffn, mixers.Mixer) else None
     return {"attn": self.attn.init_state(batch_size, max_len), "ffn": ffn}
 
-  def scan(self, state: dict, x: jax.Array) -> tuple:
-    """The block on ``x [B, T, d_model]`` from a decoding state: ``(state, y)``."""
-    attn, y = self.attn.scan(state["attn"], self.ln1(x))
+  def scan(self, state: dict, x: jax.Array, lengths=None) -> tuple:
+    """The block on ``x [B, T, d_model]`` from a decoding state: ``(state, y)``; ``lengths [B]``: right-padded
+    rows, passed to the mixers (:meth:`jaxmem.models.mixers.registry.Mixer.scan`)."""
+    rows = {} if lengths is None else {"lengths": lengths}
+    attn, y = self.attn.scan(state["attn"], self.ln1(x), **rows)
     x = x + y
     ffn = state["ffn"]
     if isinstance(self.ffn, mixers.Mixer):
-      ffn, y = self.ffn.scan(ffn, self.ln2(x))
+      ffn, y = self.ffn.scan(ffn, self.ln2(x), **rows)
       x = x + y
     elif self.ffn is not None:
       x = x + self.ffn(self.ln2(x))
@@ -333,15 +335,20 @@ class TransformerLM(nnx.Module):
     ngram = jnp.zeros((batch_size, n - 1, cfg.d_model), jnp.dtype(cfg.dtype)) if n > 1 else None
     return {"pos": jnp.zeros((batch_size,), jnp.int32), "layers": layers, "ngram": ngram}
 
-  def scan(self, state: dict, tokens_BT: jax.Array) -> tuple:
+  def scan(self, state: dict, tokens_BT: jax.Array, lengths=None) -> tuple:
     """``T`` more tokens of every row from ``state``: ``(state, logits [B, T, vocab] float32)``, equal to the
     corresponding rows of :meth:`__call__` on the whole sequence. Positions continue from ``state["pos"]``
     (per row). Learned positions past ``max_len`` cannot be checked under ``jit``: they are clamped to the
-    last one, so check lengths first (``jaxmem.generate`` does)."""
+    last one, so check lengths first (``jaxmem.generate`` does).
+
+    ``lengths [B]`` (integers in ``[0, T]``; None: all ``T``): right-padded rows, prompts of different lengths
+    in one call: row ``b`` reads its first ``lengths[b]`` tokens, and the state returned for it (positions,
+    n-gram window, every mixer's state) is the one after them; the logits at its padding are unspecified."""
     cfg = self.cfg
-    check_rank("tokens", tokens_BT, 2, "B, T")
+    B, T = check_rank("tokens", tokens_BT, 2, "B, T")
     tokens_BT = token_ids(tokens_BT, cfg.vocab_size)
-    T = tokens_BT.shape[1]
+    if lengths is not None:
+      lengths = check_lengths(lengths, B, T)
     pos_BT = state["pos"][:, None] + jnp.arange(T, dtype=jnp.int32)[None]
     x = self.embed(tokens_BT)
     ngram = state["ngram"]
@@ -349,25 +356,30 @@ class TransformerLM(nnx.Module):
       n = cfg.ngram_inputs
       seq = jnp.concatenate([ngram.astype(x.dtype), x], axis=1)   # [B, n − 1 + T, d]
       window = [seq[:, n - 1 - j: n - 1 - j + T] for j in range(n - 1, 0, -1)] + [x]
-      ngram = seq[:, seq.shape[1] - (n - 1):]
+      if lengths is None:
+        ngram = seq[:, seq.shape[1] - (n - 1):]
+      else:  # the n − 1 embeddings up to row b's last token (token t is seq[n − 1 + t])
+        idx = lengths[:, None] + jnp.arange(n - 1, dtype=jnp.int32)[None]
+        ngram = jnp.take_along_axis(seq, idx[..., None], axis=1)
       x = x + jax.nn.gelu(self.ngram(jnp.concatenate(window, axis=-1)))
     if cfg.positions == "learned":
       x = x + jnp.take(self.pos[...], jnp.minimum(pos_BT, cfg.max_len - 1), axis=0).astype(x.dtype)
     elif cfg.positions == "sinusoidal":
       x = x + sinusoidal_at(pos_BT, cfg.d_model).astype(x.dtype)
 
-    @nnx.scan(in_axes=(0, 0, nnx.Carry), out_axes=(0, nnx.Carry))
-    def run_blocks(blocks, states, h):
+    @nnx.scan(in_axes=(0, 0, nnx.Carry, None), out_axes=(0, nnx.Carry))
+    def run_blocks(blocks, states, h, lengths):
       stacks = blocks if isinstance(blocks, tuple) else (blocks,)
       states = states if isinstance(blocks, tuple) else (states,)
       new = []
       for block, st in zip(stacks, states, strict=True):  # the pattern, not time
-        st, h = block.scan(st, h)
+        st, h = block.scan(st, h, lengths)
         new.append(st)
       return (tuple(new) if isinstance(blocks, tuple) else new[0]), h
 
-    layers, h = run_blocks(self.blocks, state["layers"], x)
-    return {"pos": state["pos"] + T, "layers": layers, "ngram": ngram}, self.read_out(h)
+    layers, h = run_blocks(self.blocks, state["layers"], x, lengths)
+    read = T if lengths is None else lengths
+    return {"pos": state["pos"] + read, "layers": layers, "ngram": ngram}, self.read_out(h)
 
   def step(self, state: dict, tokens_B: jax.Array) -> tuple:
     """One token per row: ``(state, tokens [B]) -> (state, logits [B, vocab])``."""

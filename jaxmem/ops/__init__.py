@@ -11,11 +11,12 @@ op                                         update (fla's ``h [K, V]``) jaxmem ru
 ``chunk_gated_oja_rule`` / ``fused_..``      ``e^g h + β (k − e^g h v) vᵀ`` ``oja`` / ``gated_oja``
 ========================================== ========================== =========================================
 
-Every op returns ``(o, final_state or None)`` and reads ``o_t = scale · h_tᵀ q_t`` (``scale`` defaults to
-``K ** -0.5``) after writing token ``t``. ``chunk_*`` runs jaxmem's chunked (UT / WY) form and
-``fused_recurrent_*`` its recurrent form (a ``lax.scan`` of the update); both are differentiable in every
-argument, ``initial_state`` included, on every backend. Varlen: fla's ``cu_seqlens [N + 1]`` (``B = 1``) or
-``segment_ids [B, T]`` (static shapes, ``B > 1``). Layouts, varlen and what is not supported:
+Every op returns ``(o, final_state or None)`` (normalised linear attention: ``(o, (h or None, z))``, as
+fla), the final state in float32 for bfloat16 inputs (fla's dtypes), and reads ``o_t = scale · h_tᵀ q_t``
+(``scale`` defaults to ``K ** -0.5``) after writing token ``t``. ``chunk_*`` runs jaxmem's chunked (UT / WY)
+form and ``fused_recurrent_*`` its recurrent form (a ``lax.scan`` of the update); both are differentiable in
+every argument, ``initial_state`` included, on every backend. Varlen: fla's ``cu_seqlens [N + 1]`` (``B = 1``)
+or ``segment_ids [B, T]`` (static shapes, ``B > 1``). Layouts, varlen and what is not supported:
 :mod:`jaxmem.ops.common`, each module's docstring, and ``docs/porting_from_fla.md``.
 """
 

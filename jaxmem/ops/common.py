@@ -7,14 +7,26 @@ V, K]``, jaxmem's own layout). Varlen: ``cu_seqlens [N + 1]`` with ``B = 1`` (se
 ``cu_seqlens[n]:cu_seqlens[n + 1]``, with its own ``initial_state[n]`` and final state), or jaxmem's
 ``segment_ids [B, T]`` (:mod:`jaxmem.kernels.segments`; ``initial_state`` and the final state per row).
 
-How a call runs: the checks (shapes, dtypes and, for concrete inputs, the stability of the erasing rules), then
+How a call runs: the checks (shapes, dtypes, and ``cu_seqlens`` / ``segment_ids`` when concrete), then
 one compiled program: gates, ``q·scale``, L2 norms, and the kernel in the op's form (``chunk_*`` → ``chunked``,
 ``fused_recurrent_*`` → ``recurrent``). ``cu_seqlens`` (a list or an integer array) without states is the
 packed row itself with a segment per sequence; with ``initial_state`` or ``output_final_state`` each sequence
-starts from its own state and ends in its own, still in one pass over the packed row: the chunked form gives
-every sequence chunks of its own, the recurrent form swaps the state at sequence starts and ends
+starts from its own state and ends in its own, still in one pass over the packed row: every sequence gets chunks
+of its own, which the chunked form runs as UT / WY chunks and the recurrent form token by token
 (``jaxmem/kernels/assoc/varlen.py``; measurements in ``jaxmem/ops/README.md``). The shapes depend on ``T`` and
 ``N`` only, so a traced ``cu_seqlens`` works under ``jit`` and new lengths do not compile again.
+
+The final state is in the accumulation dtype, float32 (float64 when an input or ``initial_state`` is float64),
+whatever the dtype of the inputs and of ``initial_state``, as fla's (its kernels read ``h0`` into float32 and
+write the final state as float32): bf16 inputs give a float32 state.
+
+Stability, as in fla: the erasing rules (delta, gated delta, Oja) need ``0 <= β_t‖k_t‖² <= 2`` (``‖v_t‖²`` for
+Oja) or the state grows without bound, and like fla's the ops do not check it, eagerly or under ``jit`` (a
+check could only run on concrete inputs, so the same call would raise outside ``jit`` and diverge inside it).
+The guard is by construction: ``use_qk_l2norm_in_kernel=True`` makes ``‖k_t‖ < 1``, and ``β`` in ``[0, 1]``
+(``use_beta_sigmoid_in_kernel=True``; ``[0, 2)`` with ``allow_neg_eigval``) keeps the product in range; for
+Oja normalise ``v`` (``use_k_l2norm`` normalises ``k``, not the erase vector ``v``).
+:func:`jaxmem.kernels.assoc.associative_memory` keeps its own eager check.
 """
 
 from __future__ import annotations
@@ -24,7 +36,6 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxmem.checks import (
   check_equal,
@@ -32,15 +43,12 @@ from jaxmem.checks import (
   check_floating,
   check_positive_int,
   check_rank,
-  is_concrete,
   shape_of,
 )
 from jaxmem.kernels.assoc import (
   DECAY_RULES,
-  ERASE_RULES,
   associative_memory,
   check_grouped_heads,
-  check_stability,
   l2_normalize,
 )
 from jaxmem.kernels.segments import check_cu_seqlens, check_segment_ids
@@ -122,14 +130,7 @@ def run(rule: str, form: str, q, k, v, *, beta=None, g=None, scale: Optional[flo
                      f"{state_shape} ({what}), got {shape_of(initial_state)}.")
   if rule in DECAY_RULES and g is None:
     raise ValueError(f"{op} needs the decay `g` [B, T, HV] (log space).")
-  # concrete inputs: the erasing rules' stability, β‖a‖² in [0, 2] (a = k, or v for Oja), on what the kernel
-  # sees
-  if rule in ERASE_RULES:
-    b = beta
-    if beta_sigmoid and is_concrete(beta):
-      b = beta_max / (1.0 + np.exp(-np.asarray(beta, np.float64)))
-    check_stability(rule, b, k, v, k_l2norm)
-
+  # no stability check of the erasing rules (β‖k‖² <= 2), as fla: the module docstring says why
   if extra_v is not None:
     extra_v = jnp.asarray(extra_v)
   return _program(q, k, v, beta, g, A_log, dt_bias, initial_state, cu_seqlens, segment_ids, extra_v,
@@ -156,7 +157,9 @@ def _program(q, k, v, beta, g, A_log, dt_bias, h0, cu, segment_ids, extra_v, *, 
     g = gdn_gate(g, A_log, dt_bias)
   if extra_v is not None:  # e.g. a column of ones: the normaliser Σ q·k rides along as one more value channel
     v = jnp.concatenate([v.astype(acc), jnp.broadcast_to(extra_v.astype(acc), v.shape[:-1] + (1,))], axis=-1)
+  # fla's final state is float32 whatever the inputs' and h0's dtypes: h0 enters in the accumulation dtype
   S0 = None if h0 is None else (h0 if state_v_first else jnp.swapaxes(h0, -1, -2))
+  S0 = None if S0 is None else S0.astype(jnp.promote_types(acc, S0.dtype))
   # cu_seqlens: a segment per sequence, or with states (initial or final) a state per sequence, in one pass
   # over the packed row either way (jaxmem/kernels/assoc/varlen.py)
   out = associative_memory(q, k, v, beta, rule=rule, mode=mode, chunk_size=chunk_size,

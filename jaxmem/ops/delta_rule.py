@@ -1,7 +1,10 @@
 """fla's ``delta_rule`` ops (DeltaNet): ``h_t = h_{t−1} + β_t k_t (v_t − h_{t−1}ᵀ k_t)ᵀ``, read
 ``o_t = scale · h_tᵀ q_t`` (jaxmem's ``delta`` rule). ``beta [B, T, HV]``; ``use_qk_l2norm_in_kernel``
-L2-normalises ``q`` and ``k`` (``x / sqrt(Σ x² + 1e-6)``, fla's); grouped value heads (``HV > H``) as in the
-gated op.
+L2-normalises ``q`` and ``k`` (``x / sqrt(Σ x² + 1e-6)``, fla's). Grouped value heads (``HV > H``) as in the
+gated op are a jaxmem addition: fla 0.6's ``delta_rule`` needs ``HV = H``.
+
+Stable when ``0 <= β_t‖k_t‖² <= 2``: pass ``use_qk_l2norm_in_kernel=True`` (``‖k_t‖ < 1``) with ``β`` in
+``[0, 2]``. Like fla, the op does not check it, eagerly or under ``jit`` (:mod:`jaxmem.ops.common`).
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ fla's options, same names and meanings:
 * ``state_v_first``: the state ``[N, HV, V, K]`` (jaxmem's layout) instead of ``[N, HV, K, V]``.
 
 fla's per-channel decays ``gk`` / ``gv`` of the recurrent op are not supported (ValueError).
+
+Stable when ``0 <= β_t‖k_t‖² <= 2``: ``use_qk_l2norm_in_kernel=True`` (``‖k_t‖ < 1``) with
+``use_beta_sigmoid_in_kernel=True`` (``β < 1``, or ``< 2`` with ``allow_neg_eigval``) guarantees it, as in fla's
+``GatedDeltaNet`` layer. Like fla, the op does not check it, eagerly or under ``jit``; the final state is
+float32 for bfloat16 inputs (:mod:`jaxmem.ops.common`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """fla's ``simple_gla`` ops: ``h_t = exp(g_t) h_{t−1} + k_t v_tᵀ``, ``o_t = scale · q_tᵀ h_t`` (jaxmem's
 ``decay`` rule; ``hebb`` with neither gate). ``g [B, T, H]`` is a per-token log decay, ``g_gamma [H]`` a
-constant one per head (RetNet); at most one of the two.
+constant one per head (RetNet); at most one of the two. Grouped value heads (``v``, ``g`` with ``HV`` a
+multiple of the ``H`` heads of ``q, k``) are a jaxmem addition: fla 0.6's ``simple_gla`` needs ``HV = H``.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from jaxmem.rasp.passes import (
   schedule_to_craft,
   values,
 )
+from jaxmem.rasp.passes.values import MAX_PAIRS
 
 
 def _check_vocab(vocab, compiler_bos):
@@ -69,7 +70,7 @@ def _check_vocab(vocab, compiler_bos):
 
 def compile(program: rasp.SOp, vocab: Sequence[Any], max_seq_len: int,  # noqa: A001
             compiler_bos: Any = "BOS", max_params: Optional[int] = 100_000_000,
-            causal: bool = False) -> CompiledModel:
+            causal: bool = False, max_pairs: int = MAX_PAIRS) -> CompiledModel:
   """Compiles ``program`` for inputs over ``vocab`` of every length ``1..max_seq_len``.
 
   Returns a :class:`~jaxmem.rasp.model.CompiledModel`; ``.apply(tokens)`` (no BOS) decodes
@@ -78,7 +79,9 @@ def compile(program: rasp.SOp, vocab: Sequence[Any], max_seq_len: int,  # noqa: 
   causal=True)`` (the weights are the same; only the mask differs). Raises ``ValueError``
   for programs that cannot be compiled exactly (see the module docstring), for bad
   arguments, and — before allocating any weights — when the model would exceed
-  ``max_params`` parameters (None: no limit)."""
+  ``max_params`` parameters (None: no limit). ``max_pairs``: a SequenceMap over more input pairs
+  (its function is called on each) is refused; the default keeps every refusal under a second,
+  a larger one compiles larger tables (``sort`` at ``N = 1024`` needs 1,050,625) more slowly."""
   t0 = time.perf_counter()
   if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, (int, np.integer)) \
       or max_seq_len < 1:
@@ -87,7 +90,9 @@ def compile(program: rasp.SOp, vocab: Sequence[Any], max_seq_len: int,  # noqa: 
   if not isinstance(causal, bool):
     raise ValueError(f"`causal` must be a bool, got {causal!r}.")
   vocab = _check_vocab(vocab, compiler_bos)
-  vs = graph_to_value_sets.ValueSets(vocab, max_seq_len)
+  if isinstance(max_pairs, bool) or not isinstance(max_pairs, (int, np.integer)) or max_pairs < 1:
+    raise ValueError(f"`max_pairs` must be a positive integer, got {max_pairs!r}.")
+  vs = graph_to_value_sets.ValueSets(vocab, max_seq_len, int(max_pairs))
   out = rasp_to_normal_form.rewrite(program, vs)
   nodes = rasp_to_graph.walk(out)
   rasp_to_graph.check_types(nodes, out)

@@ -163,6 +163,55 @@ def test_packed_rows_equal_each_document_alone(name, example):
                                err_msg=f"{name} doc {i}")
 
 
+def _perturbed(cfg, seed=8):
+  """The mixer of ``cfg`` with every parameter moved by ``0.1·N(0, 1)``: an initialisation that is the identity
+  (a short convolution's taps) cannot hide a leak."""
+  mixer = _build(cfg)
+  params = nnx.state(mixer, nnx.Param)
+  keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(params))))
+  nnx.update(mixer, jax.tree.map(lambda p: p + 0.1 * jax.random.normal(next(keys), p.shape, p.dtype), params))
+  return mixer
+
+
+# right-padded pieces (a mixed-length prefill): piece 1 is 5 wide with rows of 3 and 5 tokens, piece 2 is 2 wide
+# with rows of 2 and 0 (row 1's prompt has ended), piece 3 continues both rows with 2 tokens each
+PIECE_LENGTHS = (np.array([3, 5], np.int32), np.array([2, 0], np.int32))
+
+
+@nnx.jit
+def _sequence_and_padded_scans(mixer, x_BTD, junk_BTD):
+  """``__call__`` on ``x``, and ``scan`` over the same tokens of each row in the three pieces of
+  :data:`PIECE_LENGTHS` with ``junk`` at every padding position: ``(y, y_pieces [B, T, d])``, ``y_pieces``
+  holding each row's outputs at its own tokens' positions."""
+  y = mixer(x_BTD)
+  (l1, l2), rows = PIECE_LENGTHS, jnp.arange(B)[:, None]
+  t5 = jnp.arange(5)[None]
+  piece1 = jnp.where((t5 < l1[:, None])[..., None], x_BTD[:, :5], junk_BTD[:, :5])
+  state, y1 = mixer.scan(mixer.init_state(B, T), piece1, lengths=l1)
+  t2 = jnp.arange(2)[None]
+  piece2 = jnp.where((t2 < l2[:, None])[..., None], x_BTD[rows, l1[:, None] + t2], junk_BTD[:, 5:])
+  state, y2 = mixer.scan(state, piece2, lengths=l2)
+  at3 = (l1 + l2)[:, None] + t2                     # each row's next two tokens
+  state, y3 = mixer.scan(state, x_BTD[rows, at3])
+  got = jnp.zeros_like(y)
+  got = got.at[rows, jnp.where(t5 < l1[:, None], t5, T)].set(y1, mode="drop")
+  got = got.at[rows, jnp.where(t2 < l2[:, None], l1[:, None] + t2, T)].set(y2, mode="drop")
+  return y, got.at[rows, at3].set(y3)
+
+
+@pytest.mark.parametrize("name, example", [c for c in CASES if mixers.lookup(c[0])[1].scans()])
+def test_scan_of_right_padded_rows_continues_each_row_from_its_own_tokens(name, example):
+  # scan(state, x, lengths): the state returned for row b is the one after its first lengths[b] tokens, whatever
+  # the padding holds and however many rows have ended (a zero-length row keeps its state): each row's outputs
+  # over the three pieces equal the sequence call on its own tokens
+  mixer = _perturbed(mixers.lookup(name)[0].examples()[example])
+  x, _ = _inputs(0)
+  junk = 3.0 * _inputs(1)[0]
+  y, got = (np.asarray(a) for a in _sequence_and_padded_scans(mixer, x, junk))
+  # two float32 evaluation orders of the same recurrence: rounding relative to the output's scale
+  np.testing.assert_allclose(got, y, rtol=1e-4, atol=1e-5 * float(np.abs(y).max()), err_msg=name)
+
+
 def test_base_class_says_what_a_mixer_without_decoding_lacks():
   @dataclasses.dataclass(frozen=True)
   class _Cfg(mixers.MixerConfig):

@@ -1,7 +1,8 @@
 """UniMatrixLM decodes: ``jaxmem.generate`` (prefill by ``scan``, then ``step``s) gives the logits of a full
 re-run ``model(tokens)`` at every generated position, for every variant and option that decodes (the
 per-depth-step matrix states and dense-memory caches, ACT, both ROSA sources, the slot memory with pointer,
-write gate and both merges, learned positions and none); ``scan`` in two pieces equals one ``scan``;
+write gate and both merges, learned positions and none), and the shortest row, prefilled beside longer ones,
+the greedy tokens it gives alone (also in prefill pieces of 2); ``scan`` in two pieces equals one ``scan``;
 ``carry_state`` is refused by name."""
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ CASES = [(v, {}) for v in VARIANTS] + [
 ]
 
 
+# the ROSA stream, the slot memory and the dense memory across prefill pieces of 2 tokens (rows ending in the
+# second and third piece, the longest in the fourth)
+PIECES = ("sparse_pointer", dict(slot_merge="key_id", rosa="automaton", dense_memory=True, act=True,
+                                 positions="none", prefill_chunk=2))
+CASES.append(PIECES)
+
+
 def _ids(case):
   v, kw = case
   return v + ("-" + "-".join(f"{k}={x}" for k, x in kw.items()) if kw else "")
@@ -48,8 +56,11 @@ def _rerun_and_scans(model, tokens_BT):
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_generate_equals_a_full_rerun_and_scan_pieces_equal_one_scan(case):
+def test_generate_equals_a_full_rerun_and_scan_pieces_equal_one_scan(case, monkeypatch):
   variant, kw = case
+  kw = dict(kw)
+  if "prefill_chunk" in kw:
+    monkeypatch.setattr(jaxmem.decode, "PREFILL_CHUNK", kw.pop("prefill_chunk"))
   model = UniMatrixLM(tiny(variant, **kw), rngs=nnx.Rngs(0))
   model.eval()
   B, P = len(LENGTHS), max(LENGTHS)
@@ -72,6 +83,12 @@ def test_generate_equals_a_full_rerun_and_scan_pieces_equal_one_scan(case):
     T_b = n + N_NEW                                        # row b's own tokens (zeros follow)
     np.testing.assert_allclose(one[b, :T_b], full[b, :T_b], rtol=0, atol=tol)
   np.testing.assert_allclose(pieces, one, rtol=0, atol=tol)
+  # the shortest row, prefilled beside longer ones (its padding writes nothing, its state is taken at its own
+  # last prompt token), decodes exactly the greedy tokens it gives alone from its unpadded prompt
+  b = int(np.argmin(LENGTHS))
+  n = LENGTHS[b]
+  alone = np.asarray(jaxmem.generate(model, prompt[b:b + 1, :n], N_NEW, temperature=0.0))
+  np.testing.assert_array_equal(out[b, :n + N_NEW], alone[0])
 
 
 def test_what_cannot_decode_is_refused_by_name():

@@ -62,10 +62,11 @@ def main(out: str) -> None:
       sharded = traced.lower().compile()(p_sharded, batch)
     diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded), strict=True))
-    # the prefill (each mixer's `scan` from its decoding state): per device too, and equal to one device
+    # the prefill (each mixer's `scan` from its decoding state, of right-padded rows of different lengths as
+    # `generate` gives it): per device too, and equal to one device
     def prefill_logits(p, g=g, r=r):
       m = nnx.merge(g, p, r)
-      return m.scan(m.init_state(BATCH, T), batch["inputs"])[1]
+      return m.scan(m.init_state(BATCH, T), batch["inputs"], lengths=jnp.asarray([T, T - 5]))[1]
     with jax.set_mesh(mesh):   # traced for every mixer (cheap); compiled and compared for one cache, one memory
       traced_prefill = jax.jit(prefill_logits, in_shardings=(psh,)).trace(p_sharded)
       prefill_per_device = "shard_map" in str(traced_prefill.jaxpr)

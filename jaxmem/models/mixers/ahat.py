@@ -94,8 +94,8 @@ class AHATAttention(QKVMixer):
     """The KV cache ``{"k", "v": [B, max_len, H, D/H], "length": [B] int32}``."""
     return kv_cache_init(batch_size, max_len, self.n_heads, self.head_dim, dtype=self.qkv.dtype or jnp.float32)
 
-  def kernel_scan(self, cache, q, k, v):
-    new = kv_cache_append(cache, k, v)
+  def kernel_scan(self, cache, q, k, v, *, lengths=None):
+    new = kv_cache_append(cache, k, v, lengths)
     return new, self._attend(q, new["k"], new["v"], q_offset=cache["length"])
 
 

@@ -35,6 +35,7 @@ from jaxmem.kernels.assoc import (
 from jaxmem.kernels.assoc import init as memory_init
 from jaxmem.kernels.feature_maps import FEATURE_MAPS, feature_map, feature_width
 from jaxmem.kernels.precision import PRECISIONS
+from jaxmem.kernels.segments import lengths_to_segment_ids
 from jaxmem.models.mixers.qkv import QKVMixer, check_short_conv, qkv_state_floats
 from jaxmem.models.mixers.registry import MixerConfig, register
 from jaxmem.sharding import STATE_BHKV
@@ -159,18 +160,21 @@ class AssociativeMemory(QKVMixer):
     """The memory ``[B, H, D_v, D_k]``: rows and heads split over a mesh."""
     return STATE_BHKV
 
-  def kernel_scan(self, S, q, k, v, *, beta, log_decay):
+  def kernel_scan(self, S, q, k, v, *, beta, log_decay, lengths=None):
     """:meth:`kernel` from the memory ``S [B, H, D_v, D_k]``: ``(S after the last token, o [B, T, H, D_v])``.
 
     Every ``mode`` starts from a given state (:func:`~jaxmem.kernels.assoc.associative_memory`'s
     ``initial_state``), so a sequence runs in the configured one; a single token (``step``) runs the
     recurrent form, the rule's update itself, whatever the mode (the chunked form would pad it to a chunk).
-    ``S`` keeps its dtype (the update is accumulated in float32 or wider)."""
+    ``S`` keeps its dtype (the update is accumulated in float32 or wider). ``lengths [B]``: right-padded rows,
+    given to the kernel as segment ids (1 for a row's tokens, 0 for its padding, which writes nothing), so
+    ``S`` is each row's memory after its own tokens."""
     cfg = self.cfg
     mode = "recurrent" if q.shape[1] == 1 else cfg.mode
+    segment_ids = None if lengths is None else lengths_to_segment_ids(lengths, q.shape[1])
     o, S = associative_memory(*self._features(q, k, v), beta, rule=cfg.rule, mode=mode,
                               chunk_size=cfg.chunk_size, log_decay=log_decay, precision=cfg.precision,
-                              initial_state=S, return_state=True)
+                              initial_state=S, return_state=True, segment_ids=segment_ids)
     return S, o
 
 

@@ -36,6 +36,7 @@ from flax import nnx
 from jaxmem.checks import check_config_ints
 from jaxmem.kernels import matrix_state as ms
 from jaxmem.kernels.precision import PRECISIONS
+from jaxmem.kernels.segments import check_lengths, lengths_to_segment_ids
 from jaxmem.models.layers import linear
 from jaxmem.models.mixers.qkv import gate_projection
 from jaxmem.models.mixers.registry import Mixer, MixerConfig, register
@@ -143,11 +144,18 @@ class MatrixStateMixer(Mixer):
     """The all-zero state ``S_0 [B, H, S, S]`` (float32; its size does not grow with ``max_len``)."""
     return jnp.zeros((batch_size, self.n_heads, self.state_dim, self.state_dim), jnp.float32)
 
-  def scan(self, state, x_BTD: jax.Array, segment_ids=None) -> tuple:
+  def scan(self, state, x_BTD: jax.Array, segment_ids=None, lengths=None) -> tuple:
     """The sequence form from a given state: ``(S_0 [B, H, S, S] or None for zeros, x [B, T, d_model]) ->
     (S_T, y [B, T, d_model])``, by the kernel's chunked / parallel forms (``cfg.mode``); :meth:`step`
     applied token by token gives the same. ``segment_ids [B, T]``: packed rows (the first segment continues
-    ``S_0``, later ones start from zero; ``S_T`` is the last segment's)."""
+    ``S_0``, later ones start from zero; ``S_T`` is the last segment's). ``lengths [B]`` (instead): right-padded
+    rows, the segment ids 1 for a row's first ``lengths[b]`` tokens and 0 (padding, which writes nothing)
+    after them, so ``S_T`` is each row's state after its own tokens."""
+    if lengths is not None:
+      if segment_ids is not None:
+        raise ValueError("give `segment_ids` or `lengths`, not both.")
+      B, T, _ = x_BTD.shape
+      segment_ids = lengths_to_segment_ids(check_lengths(lengths, B, T), T)
     return self._sequence(state, x_BTD, segment_ids)
 
   def _sequence(self, state, x_BTD: jax.Array, segment_ids) -> tuple:

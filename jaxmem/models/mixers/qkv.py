@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxmem.checks import check_config_ints
+from jaxmem.kernels.segments import check_lengths
 from jaxmem.models.layers import CausalConv, constant, linear
 from jaxmem.models.mixers.registry import Mixer
 from jaxmem.sharding import HEADS_BTH, HEADS_BTHK, constrain_heads, map_heads
@@ -124,9 +125,11 @@ class QKVMixer(Mixer):
     raise NotImplementedError(f"{type(self).__name__} has no token-by-token decoding "
                               "(kernel_init / kernel_scan).")
 
-  def kernel_scan(self, kstate, q_BTHK, k_BTHK, v_BTHK, **gates) -> tuple:
+  def kernel_scan(self, kstate, q_BTHK, k_BTHK, v_BTHK, *, lengths=None, **gates) -> tuple:
     """The kernel from a state: ``(kstate, q, k, v [B, T, H, K], gates) -> (kstate after the last token,
-    o [B, T, H, K_v])``, equal to :meth:`kernel` when ``kstate`` is :meth:`kernel_init`'s."""
+    o [B, T, H, K_v])``, equal to :meth:`kernel` when ``kstate`` is :meth:`kernel_init`'s. ``lengths [B]`` (or
+    None): right-padded rows, row ``b``'s ``kstate`` is the one after its first ``lengths[b]`` tokens
+    (:meth:`~jaxmem.models.mixers.registry.Mixer.scan`)."""
     raise NotImplementedError(f"{type(self).__name__} has no token-by-token decoding "
                               "(kernel_init / kernel_scan).")
 
@@ -155,12 +158,17 @@ class QKVMixer(Mixer):
     conv = None if self.conv is None else self.conv.init_tail(batch_size, self.qkv.dtype or jnp.float32)
     return {"conv": conv, "kernel": self.kernel_init(batch_size, max_len)}
 
-  def scan(self, state: dict, x_BTD: jax.Array) -> tuple:
+  def scan(self, state: dict, x_BTD: jax.Array, lengths=None) -> tuple:
     B, T, _ = x_BTD.shape
+    if lengths is not None:
+      if "lengths" not in inspect.signature(self.kernel_scan).parameters:
+        raise ValueError(f"{type(self).__name__}.kernel_scan takes no `lengths`: this mixer cannot prefill "
+                         "right-padded rows of different lengths in one call.")
+      lengths = check_lengths(lengths, B, T)
     qkv = self.qkv(x_BTD)
     conv = state["conv"]
     if self.conv is not None:
-      conv, qkv = self.conv.scan(conv, qkv)
+      conv, qkv = self.conv.scan(conv, qkv, lengths)
     q, k, v = constrain_heads(*self._split(qkv))
     gates = self.gates(x_BTD)
     kstate = state["kernel"]
@@ -170,12 +178,14 @@ class QKVMixer(Mixer):
 
     def fn(*args):
       ks = jax.tree.unflatten(treedef, args[:n])
-      return self.kernel_scan(ks, *args[n:n + 3], **dict(zip(names, args[n + 3:], strict=True)))
+      rows = {} if args[n + 3] is None else {"lengths": args[n + 3]}
+      return self.kernel_scan(ks, *args[n:n + 3], **rows, **dict(zip(names, args[n + 4:], strict=True)))
 
-    axes = tuple(state_axes) + (HEADS_BTHK,) * 3 + tuple(_gate_axes(m, g) for m, g in gates.items())
+    axes = (tuple(state_axes) + (HEADS_BTHK,) * 3 + (("batch",),)
+            + tuple(_gate_axes(m, g) for m, g in gates.items()))
     out_axes = (jax.tree.unflatten(treedef, state_axes), HEADS_BTHK)
     # per device: its own batch rows and heads (jaxmem.sharding.map_heads), when a mesh is set
-    kstate, o = map_heads(fn, (*leaves, q, k, v, *gates.values()), axes, out_axes)
+    kstate, o = map_heads(fn, (*leaves, q, k, v, lengths, *gates.values()), axes, out_axes)
     o = constrain_heads(o)
     return {"conv": conv, "kernel": kstate}, self.out(o.reshape(B, T, self.d_model))
 

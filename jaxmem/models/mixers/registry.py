@@ -72,7 +72,8 @@ class Mixer(nnx.Module):
   * its config's :meth:`MixerConfig.state_floats` is the size of what :meth:`init_state` holds;
   * decoding, where a mixer has it: :meth:`init_state` and :meth:`step`, with ``step`` applied token by token
     equal to ``__call__`` on the sequence; and, where it has a faster sequence form that starts from a state
-    (prefill), :meth:`scan`, with ``scan`` over a prefix then over the rest equal to ``__call__`` on the whole.
+    (prefill), :meth:`scan`, with ``scan`` over a prefix then over the rest equal to ``__call__`` on the whole,
+    and ``scan(state, x, lengths)`` on right-padded rows returning each row's state after its own tokens.
   """
 
   def init_state(self, batch_size: int, max_len: int) -> Any:
@@ -84,9 +85,13 @@ class Mixer(nnx.Module):
     ``step`` and ``lax.scan``'s body)."""
     raise NotImplementedError(f"{type(self).__name__} has no token-by-token decoding (init_state / step).")
 
-  def scan(self, state: Any, x_BTD) -> tuple:
+  def scan(self, state: Any, x_BTD, lengths=None) -> tuple:
     """The sequence form from a given state: ``(state, x [B, T, d_model]) -> (state after the last token,
-    y [B, T, d_model])``, equal to :meth:`step` over the tokens (a prompt's prefill, a chunk of a stream)."""
+    y [B, T, d_model])``, equal to :meth:`step` over the tokens (a prompt's prefill, a chunk of a stream).
+
+    ``lengths [B]`` (integers in ``[0, T]``, or None: all ``T``): right-padded rows, as prompts of different
+    lengths are prefilled in one call: row ``b`` reads its first ``lengths[b]`` tokens and the state returned
+    for it is the one after them (the padding writes nothing; its outputs are unspecified)."""
     raise NotImplementedError(f"{type(self).__name__} has no sequence form from a state (scan).")
 
   @classmethod

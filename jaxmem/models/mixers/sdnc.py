@@ -62,8 +62,8 @@ class SDNCRead(QKVMixer):
     """The memory ``{"k", "v": [B, max_len, H, D/H], "length": [B] int32}`` (a KV cache)."""
     return kv_cache_init(batch_size, max_len, self.n_heads, self.head_dim, dtype=self.qkv.dtype or jnp.float32)
 
-  def kernel_scan(self, memory, q, k, v):
-    return sdnc_scan(memory, q, k, v)
+  def kernel_scan(self, memory, q, k, v, *, lengths=None):
+    return sdnc_scan(memory, q, k, v, lengths=lengths)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,11 +137,11 @@ class SDNCHybrid(QKVMixer):
     return sdnc_hybrid_init(batch_size, max_len, self.n_heads, self.head_dim,
                             dtype=self.qkv.dtype or jnp.float32, presence=self.cfg.write_gate or self.cfg.erase)
 
-  def kernel_scan(self, memory, q, k, v, **gates):
+  def kernel_scan(self, memory, q, k, v, *, lengths=None, **gates):
     if not self.cfg.any:
-      new = kv_cache_append(memory, k, v)
+      new = kv_cache_append(memory, k, v, lengths)
       return new, softmax_attention(q, new["k"], new["v"], causal=True, q_offset=memory["length"])
-    return sdnc_hybrid_scan(memory, q, k, v, **gates)
+    return sdnc_hybrid_scan(memory, q, k, v, lengths=lengths, **gates)
 
 
 register("sdnc", SDNCConfig, SDNCRead)

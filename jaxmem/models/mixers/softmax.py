@@ -69,8 +69,8 @@ class SoftmaxAttention(QKVMixer):
     return kv_cache_init(batch_size, max_len, self.n_k_heads, self.head_dim,
                          dtype=self.qkv.dtype or jnp.float32)
 
-  def kernel_scan(self, cache, q, k, v):
-    new = kv_cache_append(cache, k, v)
+  def kernel_scan(self, cache, q, k, v, *, lengths=None):
+    new = kv_cache_append(cache, k, v, lengths)
     return new, softmax_attention(q, new["k"], new["v"], causal=True, precision=self.cfg.precision,
                                   q_offset=cache["length"])
 

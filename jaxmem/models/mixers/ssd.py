@@ -60,6 +60,7 @@ from flax.nnx.nn.linear import default_kernel_init
 from jaxmem.checks import check_config_ints, check_positive_int
 from jaxmem.kernels import ssd as ssd_kernel
 from jaxmem.kernels.precision import PRECISIONS
+from jaxmem.kernels.segments import check_lengths, lengths_to_segment_ids
 from jaxmem.models.layers import CausalConv
 from jaxmem.models.mixers.registry import Mixer, MixerConfig, register
 from jaxmem.sharding import HEADS_BTH, HEADS_BTHK, constrain_heads, map_heads, param, with_axes
@@ -216,11 +217,12 @@ class Mamba2(Mixer):
 
   # -- the sequence, from the zero state or a given one ---------------------------------------
 
-  def _sequence(self, x_BTD: jax.Array, tail, h0, segment_ids=None) -> tuple:
+  def _sequence(self, x_BTD: jax.Array, tail, h0, segment_ids=None, lengths=None) -> tuple:
     """The block on ``x [batch, T, d_model]`` from a state: ``tail`` the convolution's last ``d_conv − 1``
     inputs ``[batch, d_conv − 1, d_inner + 2·G·N]`` and ``h0`` the SSM state ``[batch, H, P, N]`` (None: zeros,
     the sequence call). Returns ``(tail after the last token or None when None came in, h_T, y [batch, T,
-    d_model])``.
+    d_model])``. ``lengths [batch]`` (decoding, with a state): right-padded rows, the tail and ``h_T`` those
+    after each row's first ``lengths[b]`` tokens (the kernel gets them as segment ids, padding writing nothing).
 
     The SSD kernel runs in the configured ``mode``, which every form supports from an initial state; a
     single token (:meth:`step`) runs the recurrent form, the update itself (the chunked form would pad it
@@ -233,10 +235,13 @@ class Mamba2(Mixer):
       tails = (None, None, None)
     else:
       tails = (tail[..., :d_inner], tail[..., d_inner:d_inner + GN], tail[..., d_inner + GN:])
-    if segment_ids is None:
-      tail_u, u = self.conv_x.scan(tails[0], u)
-      tail_B, B = self.conv_B.scan(tails[1], B)
-      tail_C, C = self.conv_C.scan(tails[2], C)
+    if lengths is not None:
+      lengths = check_lengths(lengths, nb, T)
+      segment_ids = lengths_to_segment_ids(lengths, T)
+    if segment_ids is None or lengths is not None:
+      tail_u, u = self.conv_x.scan(tails[0], u, lengths)
+      tail_B, B = self.conv_B.scan(tails[1], B, lengths)
+      tail_C, C = self.conv_C.scan(tails[2], C, lengths)
     else:  # packed sequences from the zero state (the sequence call)
       u, B, C = self.conv_x(u, segment_ids), self.conv_B(B, segment_ids), self.conv_C(C, segment_ids)
     u = jax.nn.silu(u)
@@ -284,11 +289,12 @@ class Mamba2(Mixer):
     conv = jnp.zeros((batch_size, cfg.d_conv - 1, cfg.conv_channels(d_model=self.d_model)), self.compute_dtype)
     return {"conv": conv, "ssm": ssd_kernel.init(batch_size, self.n_heads, self.head_dim, cfg.d_state)}
 
-  def scan(self, state: dict, x_BTD: jax.Array) -> tuple:
+  def scan(self, state: dict, x_BTD: jax.Array, lengths=None) -> tuple:
     """The block on ``x [batch, T, d_model]`` from ``state`` (a prompt's prefill, a chunk of a stream):
     ``(state after the last token, y [batch, T, d_model])``; the convolution continues from ``state["conv"]``,
-    the SSM from ``state["ssm"]``. From :meth:`init_state`'s state it is :meth:`__call__`."""
-    conv, ssm, y = self._sequence(x_BTD, state["conv"], state["ssm"])
+    the SSM from ``state["ssm"]``. From :meth:`init_state`'s state it is :meth:`__call__`. ``lengths [batch]``:
+    right-padded rows (:meth:`~jaxmem.models.mixers.registry.Mixer.scan`)."""
+    conv, ssm, y = self._sequence(x_BTD, state["conv"], state["ssm"], lengths=lengths)
     return {"conv": conv, "ssm": ssm}, y
 
   def step(self, state: dict, x_BD: jax.Array) -> tuple:

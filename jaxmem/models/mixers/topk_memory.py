@@ -73,8 +73,8 @@ class TopKMemory(QKVMixer):
     """The memory ``{"k", "v": [B, max_len, H, D/H], "length": [B] int32}`` (a KV cache)."""
     return kv_cache_init(batch_size, max_len, self.n_heads, self.head_dim, dtype=self.qkv.dtype or jnp.float32)
 
-  def kernel_scan(self, memory, q, k, v):
-    new = kv_cache_append(memory, k, v)
+  def kernel_scan(self, memory, q, k, v, *, lengths=None):
+    new = kv_cache_append(memory, k, v, lengths)
     return new, topk_memory_read(q, new["k"], new["v"], top_k=self.cfg.top_k, temperature=self.cfg.temperature,
                                  q_offset=memory["length"])
 
@@ -84,8 +84,8 @@ class TopKMemory(QKVMixer):
   def __call__(self, x_BTD: jax.Array, segment_ids=None) -> jax.Array:
     return self._gate(super().__call__(x_BTD, segment_ids), x_BTD)
 
-  def scan(self, state: dict, x_BTD: jax.Array) -> tuple:
-    state, y = super().scan(state, x_BTD)   # (step is scan on one token)
+  def scan(self, state: dict, x_BTD: jax.Array, lengths=None) -> tuple:
+    state, y = super().scan(state, x_BTD, lengths)   # (step is scan on one token)
     return state, self._gate(y, x_BTD)
 
 

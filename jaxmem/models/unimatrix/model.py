@@ -43,7 +43,13 @@ from flax import nnx
 from jaxmem.checks import check_rank
 from jaxmem.kernels import rosa as rosa_kernel
 from jaxmem.kernels import slots as slot_kernel
-from jaxmem.kernels.segments import check_segment_ids, previous_in_segment, segment_positions
+from jaxmem.kernels.segments import (
+  check_lengths,
+  check_segment_ids,
+  lengths_to_segment_ids,
+  previous_in_segment,
+  segment_positions,
+)
 from jaxmem.models import bodies, mixers
 from jaxmem.models.layers import FeedForward, embed, layer_norm, linear, positions, token_ids
 from jaxmem.models.mixers.matrix_state import MatrixStateConfig
@@ -93,18 +99,19 @@ class UniMatrixBlock(nnx.Module):
     memory = None if self.memory is None else self.memory.init_state(batch_size, max_len)
     return {"matrix": self.mixer.init_state(batch_size, max_len), "memory": memory}
 
-  def scan(self, state: dict, h) -> tuple:
-    """The block on ``h [B, T, d_model]`` continuing from ``state`` (no dropout): ``(state, h)``."""
-    h, S_T, memory = self._apply(h, state["matrix"], state["memory"], None, decoding=True)
+  def scan(self, state: dict, h, lengths=None) -> tuple:
+    """The block on ``h [B, T, d_model]`` continuing from ``state`` (no dropout): ``(state, h)``; ``lengths
+    [B]``: right-padded rows (:meth:`jaxmem.models.mixers.registry.Mixer.scan`)."""
+    h, S_T, memory = self._apply(h, state["matrix"], state["memory"], None, decoding=True, lengths=lengths)
     return {"matrix": S_T, "memory": memory}, h
 
-  def _apply(self, h, S_0, memory, key, decoding: bool = False, segment_ids=None):
+  def _apply(self, h, S_0, memory, key, decoding: bool = False, segment_ids=None, lengths=None):
     """The residual branches; the dense memory over the whole sequence, or from its cache when decoding."""
-    S_T, y = self.mixer.scan(S_0, self.ln1(h), segment_ids)
+    S_T, y = self.mixer.scan(S_0, self.ln1(h), segment_ids, lengths=lengths)
     h = h + _dropout(self.drop, y, key, 0)
     if self.memory is not None:
       if decoding:
-        memory, y = self.memory.scan(memory, self.ln_m(h))
+        memory, y = self.memory.scan(memory, self.ln_m(h), lengths)
       else:
         y = self.memory(self.ln_m(h), segment_ids)
       h = h + _dropout(self.drop, y, key, 1)
@@ -297,21 +304,34 @@ class UniMatrixLM(nnx.Module):
             "rosa": rosa_kernel.rosa_init(B, max_len) if cfg.rosa == "automaton" else None,
             "slots": slot_kernel.init(B, cfg.n_slots, cfg.d_model, cfg.d_model) if cfg.n_slots else None}
 
-  def scan(self, state: dict, tokens_BT: jax.Array) -> tuple:
+  def scan(self, state: dict, tokens_BT: jax.Array, lengths=None) -> tuple:
     """``T`` more tokens of every row from ``state``: ``(state, logits [B, T, vocab_size] float32)``, equal to
     the corresponding positions of :meth:`__call__` (eval mode) on the whole sequence; each row continues at
     its own position. Never applies dropout. Learned positions past ``max_len`` cannot be checked under
-    ``jit``: they are clamped to the last one, so check lengths first (``jaxmem.generate`` does)."""
-    check_rank("tokens", tokens_BT, 2, "B, T")
+    ``jit``: they are clamped to the last one, so check lengths first (``jaxmem.generate`` does).
+
+    ``lengths [B]`` (integers in ``[0, T]``; None: all ``T``): right-padded rows, prompts of different lengths
+    in one call: row ``b`` reads its first ``lengths[b]`` tokens, and the state returned for it (position, last
+    token, ROSA stream, every depth step's states, slot memory) is the one after them; the logits at its
+    padding are unspecified."""
+    B, T = check_rank("tokens", tokens_BT, 2, "B, T")
     tokens_BT = token_ids(tokens_BT, self.cfg.vocab_size).astype(jnp.int32)
-    inp = _Inputs(tokens_BT)
-    h, rosa = self._embed(inp, state)
-    h, _, depth = self._depth(h, inp, None, state["depth"])
+    if lengths is not None:
+      lengths = check_lengths(lengths, B, T)
+    # with lengths, the slot memory reads the rows as segment ids (padding: no write, no ageing); every other
+    # part reads the state's previous token and positions, never the ids' segments
+    inp = _Inputs(tokens_BT, None if lengths is None else lengths_to_segment_ids(lengths, T))
+    h, rosa = self._embed(inp, state, lengths)
+    h, _, depth = self._depth(h, inp, None, state["depth"], lengths)
     pointer, slots = None, state["slots"]
     if self.slot_norm is not None:
       h, pointer, _, slots = self._slots(h, inp, None, state)
-    new = {"pos": state["pos"] + tokens_BT.shape[1], "prev": tokens_BT[:, -1], "depth": depth, "rosa": rosa,
-           "slots": slots}
+    if lengths is None:
+      read, prev = T, tokens_BT[:, -1]
+    else:
+      last = jnp.take_along_axis(tokens_BT, jnp.maximum(lengths - 1, 0)[:, None], axis=1)[:, 0]
+      read, prev = lengths, jnp.where(lengths > 0, last, state["prev"])
+    new = {"pos": state["pos"] + read, "prev": prev, "depth": depth, "rosa": rosa, "slots": slots}
     return new, self._logits(h, pointer)
 
   def step(self, state: dict, tokens_B: jax.Array) -> tuple:
@@ -324,9 +344,10 @@ class UniMatrixLM(nnx.Module):
     """``x_{t−1}`` of each token of a piece, the row's last token before it from ``state`` (-1: none)."""
     return jnp.concatenate([state["prev"][:, None], inp.ids[:, :-1]], axis=1)
 
-  def _embed(self, inp: _Inputs, state=None):
+  def _embed(self, inp: _Inputs, state=None, lengths=None):
     """``h⁰`` and the ROSA stream's new state (None unless decoding with ``rosa="automaton"``); ``state``:
-    the decoding state the tokens continue from (None: the whole sequence from its start)."""
+    the decoding state the tokens continue from (None: the whole sequence from its start); ``lengths``: its
+    right-padded rows (the ROSA stream reads each row's own tokens only)."""
     cfg = self.cfg
     T = inp.ids.shape[1]
     h = e = inp.rows(self.embed.embedding[...])
@@ -348,17 +369,18 @@ class UniMatrixLM(nnx.Module):
         if state is None:
           src = rosa_kernel.rosa(ids, segment_ids=inp.segment_ids)
         else:
-          rosa, src = rosa_kernel.rosa_scan(state["rosa"], ids)
+          rosa, src = rosa_kernel.rosa_scan(state["rosa"], ids, lengths=lengths)
         r = _take(table, src)
       # the modulation's condition: the ROSA row, or the current token's own embedding (no position)
       c = r if cfg.rosa_modulation == "rosa" else e
       h = h * (1.0 + jnp.tanh(self.rosa_mod(c))) + r
     return h, rosa
 
-  def _depth(self, h, inp: _Inputs, key=None, states=None):
+  def _depth(self, h, inp: _Inputs, key=None, states=None, lengths=None):
     """The shared block applied ``depth`` times (a ``lax.scan`` over depth steps; ACT when configured):
     ``(h, ponder, states)``. ``states``: each depth step's block state stacked on axis 0 (decoding; scanned
-    with the steps and returned updated), or None (the whole sequence from zero states; None returned)."""
+    with the steps and returned updated), or None (the whole sequence from zero states; None returned);
+    ``lengths``: the decoded rows' lengths (right padding)."""
     cfg = self.cfg
     graphdef, params = nnx.split(self.block)
     steps = self.step_embed[...] if self.step_embed is not None else jnp.zeros((cfg.depth, cfg.d_model))
@@ -374,7 +396,7 @@ class UniMatrixLM(nnx.Module):
       if st is None:
         h = block(h + s_D[None, None], key=k, segment_ids=inp.segment_ids)
       else:
-        st, h = block.scan(st, h + s_D[None, None])
+        st, h = block.scan(st, h + s_D[None, None], lengths)
       return (h * deep if deep is not None else h), st
 
     if cfg.carry_state:  # the paper's leak (UniMatrixConfig.carry_state): S_T of step n starts step n + 1

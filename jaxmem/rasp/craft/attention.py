@@ -23,6 +23,7 @@ import numpy as np
 from jaxmem.rasp import rasp
 from jaxmem.rasp.craft.residual import Residual, encode
 from jaxmem.rasp.passes.rasp_to_graph import selects_of
+from jaxmem.rasp.passes.rasp_to_normal_form import ProductPredicate
 
 
 @dataclasses.dataclass
@@ -48,6 +49,8 @@ def _predicate_table(sel: rasp.Select, qvals: list, kvals: list) -> np.ndarray:
   """``P[a, b] = predicate(key=kvals[b], query=qvals[a])``, vectorised for Comparisons on
   numbers that float64 holds exactly; Python's own comparisons otherwise."""
   p = sel.predicate
+  if isinstance(p, ProductPredicate):   # an And / Or / Not of Selects: combined from their own tables
+    return p.table(qvals, kvals, _predicate_table).astype(np.float64)
   if isinstance(p, rasp.Comparison) and qvals and kvals and all(_exact_in_float64(v) for v in qvals + kvals):
     q = np.asarray(qvals, np.float64)[:, None]
     k = np.asarray(kvals, np.float64)[None, :]

@@ -198,7 +198,13 @@ class _Operand:
       raw = vs[e]
       byval: Dict[float, Any] = {}
       for v in raw:
-        byval.setdefault(0.0 if v is None else float(v), v)
+        x = 0.0 if v is None else float(v)
+        if x in byval and value_key(byval[x]) != value_key(v) and not (v is None or byval[x] is None):
+          raise ValueError(
+              f"numerical SOp '{e.label}' holds the values {byval[x]!r} and {v!r}, which are one number "
+              f"as floats ({x!r}): a numerical dimension cannot tell them apart. Keep such numbers "
+              "categorical, or below 2**53.")
+        byval.setdefault(x, v)
       self.u = np.asarray(sorted(byval))
       self.values = [byval[x] for x in self.u]
     else:

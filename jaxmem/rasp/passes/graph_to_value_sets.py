@@ -39,9 +39,10 @@ class ValueSets:
   mean of 1..N values of its input's set (a sum-set recursion on numpy arrays), plus the
   default (0 for None). A declared ``value_set`` annotation is checked, not trusted."""
 
-  def __init__(self, vocab: Sequence[Any], max_seq_len: int):
+  def __init__(self, vocab: Sequence[Any], max_seq_len: int, max_pairs: int = MAX_PAIRS):
     self.vocab = list(vocab)
     self.N = max_seq_len
+    self.max_pairs = max_pairs   # input pairs a SequenceMap's function is called on, at most
     self.memo: Dict[int, list] = {}
     self.images: Dict[int, Any] = {}   # unchecked value sets (see image), or the ValueError raised
     # numerical SOp -> (a, r): the interpreter's value of exact value x is within a + r·|x|
@@ -112,15 +113,19 @@ class ValueSets:
         return out
     if isinstance(e, rasp.SequenceMap):
       a, b = self[e.fst], self[e.snd]
-      if len(a) * len(b) > MAX_PAIRS:
+      if len(a) * len(b) > self.max_pairs:
         raise ValueError(f"SequenceMap '{e.label}' has {len(a)}×{len(b)} input pairs, more "
-                         f"than {MAX_PAIRS:,}; declare smaller value sets.")
+                         f"than max_pairs={self.max_pairs:,}; declare smaller value sets (or raise "
+                         "rasp.compile's max_pairs, at the cost of slower refusals).")
       return self._image(e, [(x, y) for x in a for y in b if x is not None and y is not None])
     if isinstance(e, rasp.SelectorWidth):
       return list(range(self.N + 1))
     if isinstance(e, rasp.Aggregate):
       if rasp.is_categorical(e):
-        return unique_values(list(self[e.sop]) + ([] if e.default is None else [e.default]), e.label)
+        values = list(self[e.sop])
+        if not at_most_one(e.selector, self):
+          _check_equal_means(e, values, self.N)
+        return unique_values(values + ([] if e.default is None else [e.default]), e.label)
       return [float(v) for v in self._means(e)]
     raise ValueError(f"no value set for {type(e).__name__} '{e.label}'.")
 
@@ -404,6 +409,25 @@ def check_none(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets", output: rasp.SOp
 
 
 _NUMBER_TYPES = (bool, int, float)
+MAX_TYPE_CALLS = 200_000   # calls of a function to show it ignores the int / float / bool type of its inputs
+
+
+def _check_equal_means(e: rasp.Aggregate, values: list, N: int) -> None:
+  """A categorical Aggregate that may select several positions holding one number ``x`` gives,
+  in the interpreter, their mean ``sum([x] * n) / n`` (tracr's rule), which need not be ``x``
+  (``0.2`` three times: ``0.20000000000000004``; ``2**53 + 1`` twice: ``2**53``), while the
+  compiled head holds ``x``'s slot. Refused when it differs for some ``n`` up to ``N``."""
+  for x in values:
+    if x is None or not is_number(x) or isinstance(x, (bool, np.bool_)):
+      continue
+    for n in range(2, N + 1):
+      m = sum([x] * n) / n
+      if m != x:
+        raise ValueError(
+            f"categorical Aggregate '{e.label}' may select several positions holding {x!r}, whose mean "
+            f"the interpreter computes as {m!r} (n = {n}: a float sum then a division), not {x!r}, "
+            "while the compiled model holds the value itself. Make the Aggregate numerical, select "
+            "one position, or use values whose mean is exact (integers below 2**53, dyadic fractions).")
 
 
 def at_most_one(sel: rasp.Selector, vs: "ValueSets") -> bool:
@@ -419,7 +443,7 @@ def at_most_one(sel: rasp.Selector, vs: "ValueSets") -> bool:
       queries = [q for q in vs.image(sel.queries) if q is not None]
     except ValueError:
       return False
-    if len(queries) * vs.N > MAX_PAIRS:
+    if len(queries) * vs.N > vs.max_pairs:
       return False
     return all(sum(call_or_raises(lambda k, q: bool(sel.predicate(k, q)), k, q) is True
                    for k in range(vs.N)) <= 1 for q in queries)
@@ -493,22 +517,53 @@ def check_value_types(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets") -> Dict[i
       domains = [values_of(c) for c in ins]
     except ValueError:
       return frozenset(_NUMBER_TYPES)   # no table over it either: its lane refuses it
-    out_types = set()
     types = [amb_of(c) for c in ins]
-    for exact in itertools.product(*domains):
-      ref = call_or_raises(f, *exact)
-      alts = [_alternates(x, types[i]) if types[i] else [x] for i, x in enumerate(exact)]
-      for args in (itertools.product(*alts) if any(len(a) > 1 for a in alts) else (exact,)):
-        y = ref if args is exact else call_or_raises(f, *args)
-        if (y is RAISES) != (ref is RAISES) or (y is not RAISES and value_key(y) != value_key(ref)):
-          raise ValueError(
-              f"{what} '{e.label}' gives {ref!r} at {exact!r} but {y!r} at {args!r}: the interpreter "
-              "returns a single selected value as it is and a mean of several as a float (tracr's "
-              "rule), so which of these it sees depends on the input, while the compiled model "
-              "holds only the value. Make the function depend on the value alone (e.g. "
-              "float(x) or int(x) first), or select one position.")
-        if y is not RAISES and y is not None:
-          out_types.add(type(y))
+    # only the inputs' values that other number types also hold need a call: the rest give the
+    # function's image (its types come from the value set)
+    alts = [{i: a for i, x in enumerate(d) if len(a := _alternates(x, t)) > 1} if t else {}
+            for d, t in zip(domains, types, strict=True)]
+    out_types = set()
+    if not isinstance(e, rasp.Select):
+      try:
+        out_types = {type(y) for y in vs.image(e) if y is not None}
+      except ValueError:
+        return frozenset(_NUMBER_TYPES)
+    plans = []
+    for first, alt in enumerate(alts):   # the combinations whose first input with alternates is `first`
+      if alt:
+        # per input, groups [value, its other number types…]: before `first` only values without
+        # alternates, at `first` only values with, after it every value
+        plans.append([[[x] for k, x in enumerate(d) if k not in alts[i]] if i < first else
+                      [alt[k] for k in sorted(alt)] if i == first else
+                      [alts[i].get(k, [x]) for k, x in enumerate(d)]
+                      for i, d in enumerate(domains)])
+    calls = sum(float(np.prod([sum(len(g) for g in groups) for groups in plan])) for plan in plans)
+    if calls > MAX_TYPE_CALLS:
+      amb_in = [c.label for c in ins if amb_of(c)]
+      raise ValueError(
+          f"{what} '{e.label}' reads {amb_in}, whose values come as int, float or bool depending on the "
+          "input (the interpreter returns a single selected value as it is and a mean of several as a "
+          f"float); showing that it gives the same result for each takes {calls:,.0f} calls, more than "
+          f"{MAX_TYPE_CALLS:,}. Fix the type first (e.g. Map(float, …)) or use fewer values.")
+    for ranges in plans:
+      for combo in itertools.product(*ranges):
+        exact = tuple(c[0] for c in combo)
+        ref = call_or_raises(f, *exact)
+        for n, args in enumerate(itertools.product(*combo)):
+          if n == 0:
+            continue
+          y = call_or_raises(f, *args)
+          if y is ref or (type(y) is type(ref) and y == ref):
+            continue
+          if (y is RAISES) != (ref is RAISES) or (y is not RAISES and value_key(y) != value_key(ref)):
+            raise ValueError(
+                f"{what} '{e.label}' gives {ref!r} at {exact!r} but {y!r} at {args!r}: the interpreter "
+                "returns a single selected value as it is and a mean of several as a float (tracr's "
+                "rule), so which of these it sees depends on the input, while the compiled model "
+                "holds only the value. Make the function depend on the value alone (e.g. "
+                "float(x) or int(x) first), or select one position.")
+          if y is not RAISES and y is not None:
+            out_types.add(type(y))
     numeric = {t for t in out_types if t in _NUMBER_TYPES}
     return frozenset(numeric) if len(numeric) > 1 else None
 
@@ -520,4 +575,5 @@ def check_value_types(nodes: Sequence[rasp.RASPExpr], vs: "ValueSets") -> Dict[i
   return {k: v for k, v in amb.items() if v}
 
 
-__all__ = ["ValueSets", "at_most_one", "check_none", "check_value_types", "maybe_none", "selects_self"]
+__all__ = ["MAX_TYPE_CALLS", "ValueSets", "at_most_one", "check_none", "check_value_types", "maybe_none",
+           "selects_self"]

@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxmem.rasp import rasp
 from jaxmem.rasp.passes.rasp_to_graph import consumers, flatten_and, walk
-from jaxmem.rasp.passes.values import MAX_VALUE_SET, call_or_raises, is_number
+from jaxmem.rasp.passes.values import MAX_VALUE_SET, call_or_raises, is_number, value_key
 
 if TYPE_CHECKING:
   from jaxmem.rasp.passes.graph_to_value_sets import ValueSets
@@ -48,27 +48,69 @@ def _tuple_sop(sops: List[rasp.SOp], memo: Dict[tuple, rasp.SOp]) -> rasp.SOp:
   return memo[ids]
 
 
+class ProductPredicate:
+  """The predicate of a product Select: ``sel`` (an And / Or / Not of Selects over several SOps)
+  on the tuples of the SOps it reads (``key_pos`` / ``query_pos``: each SOp's place in the key /
+  query tuple; a single SOp is not a tuple). Both sides of an And / Or are evaluated (no short
+  circuit): the interpreter evaluates every Select on every pair, so a predicate that raises on
+  some pair raises here too. :meth:`table` builds the whole table from the Selects' own tables
+  over their SOps' values (what ``craft.attention`` uses: far fewer calls than one per tuple pair)."""
+
+  def __init__(self, sel: rasp.Selector, key_pos: Dict[int, int], query_pos: Dict[int, int], n_keys: int,
+               n_queries: int):
+    self.sel, self.key_pos, self.query_pos = sel, key_pos, query_pos
+    self.n_keys, self.n_queries = n_keys, n_queries
+
+  @staticmethod
+  def _part(x, i: int, n: int):
+    return x if n == 1 else x[i]
+
+  def __call__(self, k, q) -> bool:
+    return self._eval(self.sel, k, q)
+
+  def _eval(self, s: rasp.Selector, k, q) -> bool:
+    if isinstance(s, rasp.Select):
+      return bool(s.predicate(self._part(k, self.key_pos[s.keys.unique_id], self.n_keys),
+                              self._part(q, self.query_pos[s.queries.unique_id], self.n_queries)))
+    if isinstance(s, rasp.SelectorNot):
+      return not self._eval(s.inner, k, q)
+    a, b = self._eval(s.fst, k, q), self._eval(s.snd, k, q)
+    return (a and b) if isinstance(s, rasp.SelectorAnd) else (a or b)
+
+  def table(self, qvals: list, kvals: list, select_table: Callable) -> np.ndarray:
+    """``P[a, b]`` (booleans) for the query tuples ``qvals`` and key tuples ``kvals``;
+    ``select_table(select, queries, keys)`` is one Select's table over its own SOps' values."""
+    def parts(vals, i, n):
+      index: Dict[Any, int] = {}
+      uniq, inv = [], []
+      for v in vals:
+        x = self._part(v, i, n)
+        key = value_key(x)
+        if key not in index:
+          index[key] = len(uniq)
+          uniq.append(x)
+        inv.append(index[key])
+      return uniq, np.asarray(inv, np.int64)
+
+    def go(s: rasp.Selector) -> np.ndarray:
+      if isinstance(s, rasp.Select):
+        uq, iq = parts(qvals, self.query_pos[s.queries.unique_id], self.n_queries)
+        uk, ik = parts(kvals, self.key_pos[s.keys.unique_id], self.n_keys)
+        return (np.asarray(select_table(s, uq, uk)) != 0)[np.ix_(iq, ik)]
+      if isinstance(s, rasp.SelectorNot):
+        return ~go(s.inner)
+      a, b = go(s.fst), go(s.snd)
+      return (a & b) if isinstance(s, rasp.SelectorAnd) else (a | b)
+    return go(self.sel)
+
+
 def _product_select(sel: rasp.Selector, keys: List[rasp.SOp], queries: List[rasp.SOp],
                     key_pos: Dict[int, int], query_pos: Dict[int, int],
                     memo: Dict[tuple, rasp.SOp]) -> rasp.Select:
   """``sel`` as one Select whose keys/queries are the tuples of the SOps it reads (shared
-  through ``memo``, see :func:`_tuple_sop`)."""
-  kget = (lambda k, i: k) if len(keys) == 1 else (lambda k, i: k[i])
-  qget = (lambda q, i: q) if len(queries) == 1 else (lambda q, i: q[i])
-
-  def make(s: rasp.Selector) -> Callable[[Any, Any], bool]:
-    if isinstance(s, rasp.Select):
-      ki, qi, p = key_pos[s.keys.unique_id], query_pos[s.queries.unique_id], s.predicate
-      return lambda k, q: bool(p(kget(k, ki), qget(q, qi)))
-    if isinstance(s, rasp.SelectorNot):
-      f = make(s.inner)
-      return lambda k, q: not f(k, q)
-    f, g = make(s.fst), make(s.snd)
-    if isinstance(s, rasp.SelectorAnd):
-      return lambda k, q: f(k, q) and g(k, q)
-    return lambda k, q: f(k, q) or g(k, q)
-
-  return rasp.Select(_tuple_sop(keys, memo), _tuple_sop(queries, memo), make(sel))
+  through ``memo``, see :func:`_tuple_sop`), with a :class:`ProductPredicate`."""
+  return rasp.Select(_tuple_sop(keys, memo), _tuple_sop(queries, memo),
+                     ProductPredicate(sel, key_pos, query_pos, len(keys), len(queries)))
 
 
 def _then(f, y):
@@ -297,4 +339,4 @@ def rewrite(program: rasp.SOp, vs: Optional["ValueSets"] = None) -> rasp.SOp:
   return out
 
 
-__all__ = ["rewrite"]
+__all__ = ["ProductPredicate", "rewrite"]

@@ -10,9 +10,9 @@ from typing import Any, Callable, Dict
 
 import numpy as np
 
-MAX_VALUE_SET = 200_000  # larger numerical value sets are refused, not discretised
-MAX_PAIRS = 2_000_000    # a SequenceMap is called on at most this many pairs of input values
-MAX_SUMSET_WORK = 4_000_000  # one step of a mean's sum-set adds at most this many pairs
+MAX_VALUE_SET = 50_000   # larger numerical value sets are refused, not discretised
+MAX_PAIRS = 300_000      # a SequenceMap is called on at most this many pairs of input values
+MAX_SUMSET_WORK = 1_000_000  # one step of a mean's sum-set adds at most this many pairs
 
 
 def sort_values(values) -> list:
