@@ -93,23 +93,24 @@ def test_the_layout_puts_every_token_once_and_no_chunk_holds_two_sequences():
   layouts = ((CU, 4), (CU, 1), (CU, 67), (np.array([0, 5], np.int32), 8), (np.array([0, 0, 3, 3], np.int32), 2))
   for cu, C in layouts:
     Tc, Nc = int(cu[-1]), len(cu) - 1
-    src, valid, load, last, pos = (np.asarray(a) for a in layout(jnp.asarray(cu), Tc, C))
+    src, valid, load, store, pos = (np.asarray(a) for a in layout(jnp.asarray(cu), Tc, C))
     n_chunks = (Tc + Nc * (C - 1)) // C
-    assert src.shape == valid.shape == (n_chunks * C,) and load.shape == (n_chunks,)
+    assert src.shape == valid.shape == (n_chunks * C,) and load.shape == store.shape == (n_chunks,)
     np.testing.assert_array_equal(src[pos], np.arange(Tc))  # token t sits at slot pos[t] ...
     assert valid[pos].all() and valid.sum() == Tc  # ... and nowhere else
     seq_of_token = np.repeat(np.arange(Nc), np.diff(cu))
     for n in range(Nc):
       slots = pos[cu[n]:cu[n + 1]]
       if len(slots) == 0:
-        assert last[n] == -1 and n not in load
+        assert n not in load and n not in store
         continue
       np.testing.assert_array_equal(slots, slots[0] + np.arange(len(slots)))  # in order, contiguous
       assert slots[0] % C == 0 and load[slots[0] // C] == n  # starts a chunk, which loads its state
-      assert last[n] == slots[-1] // C
+      assert store[slots[-1] // C] == n and list(store).count(n) == 1  # ends in its last chunk
       chunks = np.unique(slots // C)
       assert all(set(seq_of_token[src[j * C:(j + 1) * C][valid[j * C:(j + 1) * C]]]) == {n} for j in chunks)
-    assert (load[load < Nc] >= 0).all() and (np.diff(load[load < Nc]) > 0).all()
+    for idx in (load, store):  # each sequence once, in order; N elsewhere
+      assert (np.diff(idx[idx < Nc]) > 0).all() and set(idx[idx >= Nc]) <= {Nc}
 
 
 @pytest.mark.parametrize("rule", RULES)

@@ -8,15 +8,15 @@ ends in its own final state, as if it ran alone, in one pass over the packed tok
 Every sequence gets chunks of its own (fla's varlen chunking): sequence ``n`` takes ``ceil(len_n / C)``
 chunks, its tokens copied into them in order, the rest of its last chunk padding (``q = k = v = 0``,
 ``β = 0``, ``log γ = 0``: the state passes through unchanged and the output is dropped). The scan over chunks
-starts each sequence's first chunk from ``S_0[n]`` instead of the carried state; the state after every chunk
-is an output, and a sequence's final state is its last chunk's (an empty sequence keeps ``S_0[n]``); the
+starts each sequence's first chunk from ``S_0[n]`` instead of the carried state, and adds the state after its
+last chunk into a carried buffer of final states (zeros until then; an empty sequence keeps ``S_0[n]``); the
 outputs are gathered back to the packed positions. The chunked form runs its UT / WY chunks on this layout
 (``chunked_scan(..., sequences=...)``), the recurrent form a token-by-token scan inside each chunk.
 
 At most ``(T + N (C − 1)) // C`` chunks, a bound fixed by ``T`` and ``N``, so the work is that of
 ``T + N·(C − 1)`` tokens: :func:`sequence_chunk` shortens the chunk when ``N·C`` would be a large part of
 ``T`` (any chunk length gives the same values up to float rounding). Memory beyond the packed call: the
-state after every chunk, ``[T / C + N, H, D_v, D_k]`` (no per-token state). Indices are integers (nothing is
+laid-out inputs and the ``N`` final states (no per-chunk or per-token state). Indices are integers (nothing is
 subtracted from a cumulative sum of floats). A traced ``cu_seqlens`` is not checked: one that does not rise
 from 0 to ``T`` gives unspecified values, never an error (the public functions check a concrete one).
 """
@@ -51,10 +51,10 @@ def sequence_of_token(cu: jax.Array, T: int) -> jax.Array:
 def chunk_layout(cu: jax.Array, T: int, C: int):
   """The per-sequence chunk layout of :mod:`this module <jaxmem.kernels.assoc.varlen>` for ``cu [N + 1]``.
 
-  Returns ``(src, valid, load, last, pos)``: slot ``s`` of the laid-out row (``n_chunks·C`` slots,
-  ``n_chunks = (T + N (C − 1)) // C``) holds token ``src[s]`` where ``valid[s]`` (padding elsewhere);
-  chunk ``j`` starts sequence ``load[j]`` (``N``: none); sequence ``n`` ends in chunk ``last[n]`` (``−1`` when
-  it is empty); token ``t`` sits at slot ``pos[t]``.
+  Returns ``(src, valid, load, store, pos)``: slot ``s`` of the laid-out row (``n_chunks·C`` slots,
+  ``n_chunks = (T + N (C − 1)) // C``) holds token ``src[s]`` where ``valid[s]`` (padding elsewhere); chunk
+  ``j`` starts sequence ``load[j]`` and ends sequence ``store[j]`` (``N``: none); token ``t`` sits at slot
+  ``pos[t]``.
   """
   N = cu.shape[0] - 1
   n_chunks = (T + N * (C - 1)) // C
@@ -65,6 +65,7 @@ def chunk_layout(cu: jax.Array, T: int, C: int):
   seq = jnp.searchsorted(ends, j, side="right").astype(jnp.int32)  # N past the last sequence's chunks
   n = jnp.minimum(seq, N - 1)
   load = jnp.where((seq < N) & (j == first[n]), seq, N)
+  store = jnp.where((seq < N) & (j == ends[n] - 1), seq, N)
   slot = jnp.arange(n_chunks * C, dtype=jnp.int32)
   chunk, offset = slot // C, slot % C
   src = cu[n[chunk]] + (chunk - first[n[chunk]]) * C + offset
@@ -72,13 +73,13 @@ def chunk_layout(cu: jax.Array, T: int, C: int):
   t_seq = sequence_of_token(cu, T)
   t_off = jnp.arange(T, dtype=jnp.int32) - cu[t_seq]
   pos = (first[t_seq] + t_off // C) * C + t_off % C
-  return jnp.where(valid, src, 0), valid, load, jnp.where(per > 0, ends - 1, -1), pos
+  return jnp.where(valid, src, 0), valid, load, store, pos
 
 
-def _recurrent_chunks(rule, dot, q, k, v, beta, logg, S0_NHVK, load, C):
+def _recurrent_chunks(rule, dot, q, k, v, beta, logg, S0_NHVK, load, store, C):
   """The recurrent form on the laid-out row ``[1, n_chunks·C, H, ·]``: a scan over chunks (loading the start
-  states) of a scan over their tokens, per head -> ``(o [1, n_chunks·C, H, D_v], ends [n_chunks, H, D_v,
-  D_k])``, ``ends`` the state after each chunk."""
+  states, adding the end states into the final ones as :func:`jaxmem.kernels.assoc.chunked._scan_chunks`) of a
+  scan over their tokens, per head -> ``(o [1, n_chunks·C, H, D_v], finals [N, H, D_v, D_k])``."""
   M = S0_NHVK.shape[0]
   gamma = jnp.ones_like(beta) if logg is None else jnp.exp(logg)
   chunks = lambda x: x[0].reshape((-1, C) + x.shape[2:])  # [n_chunks, C, H, ...]
@@ -89,19 +90,19 @@ def _recurrent_chunks(rule, dot, q, k, v, beta, logg, S0_NHVK, load, C):
       S = update(rule, S, k_K, v_V, b, g, dot)
       return S, dot(S, q_K)  # read after write
 
-    def chunk(S, x):
-      ld, x = x
+    def chunk(carry, x):
+      (S, finals), (ld, st, x) = carry, x
       S = jnp.where(ld < M, jax.lax.dynamic_index_in_dim(states, jnp.minimum(ld, M - 1), keepdims=False), S)
       S, o = jax.lax.scan(token, S, x)
-      return S, (o, S)
+      return (S, finals.at[st].add(S, mode="drop")), o
 
-    S = jnp.zeros(states.shape[1:], q.dtype)
-    _, (o, ends) = jax.lax.scan(chunk, S, (load, (q, k, v, beta, gamma)))
-    return o, ends
+    carry = (jnp.zeros(states.shape[1:], q.dtype), jnp.zeros_like(states))
+    (_, finals), o = jax.lax.scan(chunk, carry, (load, store, (q, k, v, beta, gamma)))
+    return o, finals
 
-  o, ends = jax.vmap(head, in_axes=(2, 2, 2, 2, 2, 1), out_axes=(2, 1))(
+  o, finals = jax.vmap(head, in_axes=(2, 2, 2, 2, 2, 1), out_axes=(2, 1))(
       *(chunks(x) for x in (q, k, v, beta, gamma)), S0_NHVK)
-  return o.reshape((1, -1) + o.shape[2:]), ends
+  return o.reshape((1, -1) + o.shape[2:]), finals
 
 
 def sequences_forward(rule: str, mode: str, chunk_size: int, q, k, v, beta, logg, S0_NHVK, cu,
@@ -113,7 +114,7 @@ def sequences_forward(rule: str, mode: str, chunk_size: int, q, k, v, beta, logg
     raise ValueError(f"per-sequence states run in mode 'chunked' or 'recurrent', got {mode!r}.")
   T = q.shape[1]
   C = sequence_chunk(T, cu.shape[0] - 1, chunk_size)
-  src, valid, load, last, pos = chunk_layout(cu, T, C)
+  src, valid, load, store, pos = chunk_layout(cu, T, C)
 
   def laid_out(x):  # [1, T, ...] -> [1, n_chunks·C, ...], padding 0
     return None if x is None else jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 2)), x[0, src], 0)[None]
@@ -121,12 +122,12 @@ def sequences_forward(rule: str, mode: str, chunk_size: int, q, k, v, beta, logg
   q, k, v, beta, logg = (laid_out(x) for x in (q, k, v, beta, logg))
   if mode == "chunked":
     S0 = jnp.zeros((1,) + S0_NHVK.shape[1:], q.dtype)
-    o, _, ends = chunked_scan(q, k, v, beta, logg, S0, rule=rule, chunk_size=C, dot=dot,
-                              sequences=(load, S0_NHVK))
+    o, _, finals = chunked_scan(q, k, v, beta, logg, S0, rule=rule, chunk_size=C, dot=dot,
+                                sequences=(load, store, S0_NHVK))
   else:
-    o, ends = _recurrent_chunks(rule, dot, q, k, v, beta, logg, S0_NHVK, load, C)
-  finals = jnp.where((last >= 0)[:, None, None, None], ends[jnp.maximum(last, 0)], S0_NHVK)
-  return o[:, pos], finals
+    o, finals = _recurrent_chunks(rule, dot, q, k, v, beta, logg, S0_NHVK, load, store, C)
+  empty = (cu[1:] == cu[:-1])[:, None, None, None]  # no chunk: the initial state is the final one
+  return o[:, pos], jnp.where(empty, S0_NHVK, finals)
 
 
 __all__ = ["chunk_layout", "sequence_chunk", "sequence_of_token", "sequences_forward"]
