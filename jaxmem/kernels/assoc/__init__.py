@@ -533,11 +533,19 @@ def step(state, q_t, k_t, v_t, beta_t=None, decay_t=None, *, rule: str, log_deca
     _check_shape("beta_t", beta_t, (B, H), "B, H")
   _decay_args(rule, decay_t, log_decay_t, ("decay_t", "log_decay_t"), (B, H), "B, H")
   check_stability(rule, beta_t, k_t, v_t, normalize_keys)
+  return _step(state, q_t, k_t, v_t, beta_t, decay_t, log_decay_t, rule=rule,
+               normalize_keys=bool(normalize_keys), dot=dot)
 
+
+@functools.partial(jax.jit, static_argnames=("rule", "normalize_keys", "dot"))
+def _step(state, q_t, k_t, v_t, beta_t, decay_t, log_decay_t, *, rule, normalize_keys, dot):
+  """The computation of :func:`step` after its checks, one compiled program (op by op, an eager step
+  dispatched some fifty small computations)."""
+  B, H = state.shape[:2]
   acc = jnp.promote_types(acc_dtype(q_t, k_t, v_t), state.dtype)
   q, k, v = (x.astype(acc) for x in (q_t, k_t, v_t))
-  if Hq != H:
-    q, k = (jnp.repeat(x, H // Hq, axis=1) for x in (q, k))
+  if q.shape[1] != H:
+    q, k = (jnp.repeat(x, H // q.shape[1], axis=1) for x in (q, k))
   if normalize_keys:
     k = l2_normalize(k)
   b = jnp.broadcast_to(jnp.asarray(1.0 if beta_t is None else beta_t, acc), (B, H))
