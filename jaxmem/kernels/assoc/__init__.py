@@ -28,6 +28,10 @@ token of every segment but a row's first (which continues ``initial_state``), pa
 nothing and reads 0. Every form does it by a decay of 0 at those tokens (``log γ = −inf``, exact in every
 form; rules without a decay run as their decaying twin, e.g. delta as gated_delta with ``γ = 1``).
 
+fla's varlen form: ``cu_seqlens [N + 1]`` (``B = 1``, sequence ``n`` the tokens ``cu[n]:cu[n + 1]``); without
+states a segment per sequence, with ``initial_state [N, H, D_v, D_k]`` or ``return_state`` a state per sequence,
+each computed as if alone in one pass over the packed row (:mod:`.varlen`; chunked, recurrent and auto).
+
 Forms (``mode=``; equal up to float rounding, tested). ``recurrent``: ``lax.scan`` of the literal
 update (:mod:`.recurrent`; also the inference pair :func:`init` / :func:`step`). ``parallel``:
 masked quadratic form, one UT chunk for delta (:mod:`.parallel`). ``chunked``: the UT / WY transform
