@@ -7,6 +7,7 @@ deep inside a ``lax.scan``.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Sequence
 
@@ -43,6 +44,12 @@ def check_equal(what: str, **named: int) -> None:
     raise ValueError(f"mismatched {what}: {seen}.")
 
 
+@functools.lru_cache(maxsize=None)
+def _is_floating(dtype) -> bool:
+  """``jnp.issubdtype(dtype, jnp.floating)``, cached: the checks run on every eager call of a kernel."""
+  return bool(jnp.issubdtype(dtype, jnp.floating))
+
+
 def check_floating(**arrays: Any) -> None:
   """Raises unless every named array (None skipped) has a floating dtype, e.g. ``check_floating(q=q, k=k)``.
 
@@ -58,7 +65,7 @@ def check_floating(**arrays: Any) -> None:
         dtype = jnp.result_type(x)  # Python scalars
       except TypeError:
         raise ValueError(f"`{name}` must be a floating array, got a {type(x).__name__}.") from None
-    if not jnp.issubdtype(dtype, jnp.floating):
+    if not _is_floating(dtype):
       raise ValueError(
           f"`{name}` must be floating, got dtype {dtype}; pass float32, bfloat16, ... "
           f"(e.g. `{name}.astype(jnp.float32)`)."

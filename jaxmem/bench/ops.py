@@ -15,7 +15,12 @@ add time, and on a shared 2-core machine they can last for several calls.
    :func:`jaxmem.kernels.assoc.associative_memory` (``q`` multiplied by ``K ** -0.5``, the state transposed
    in and out, chunk 64): the ratio op / kernel, forward and forward+backward, and the largest difference
    between the two over the output, the final state and the gradients.
-2. **Peers.** Each peer function (:data:`PEERS`) is first run on the inputs of its row and compared with the
+2. **Varlen with a state per sequence.** ``chunk_gated_delta_rule`` on one packed row (``cu_seqlens``) of a
+   skewed batch (many short sequences and a long one) and a uniform one, without states (the packed call) and
+   with an initial state per sequence and the final states returned, forward and forward+backward; the lengths
+   are concrete (as an eager call or ``cu_seqlens_cpu`` gives them), the best case of any layout that measures
+   them.
+3. **Peers.** Each peer function (:data:`PEERS`) is first run on the inputs of its row and compared with the
    jaxmem op it computes (output and final state); it is timed, next to that op, only where the two agree
    (largest difference at most :data:`AGREE_REL` of the largest magnitude). A row whose peer fails or
    disagrees says so and why; the other rows still run. A peer that is not installed, or does not import,
@@ -229,6 +234,60 @@ class _Jaxmem:
     if (T, width) not in self.inputs:
       self.inputs[T, width] = random_inputs(B, T, H, width)
     return self.inputs[T, width]
+
+
+def varlen_batches(quick: bool) -> tuple:
+  """``(name, lengths)`` of the varlen table's packed rows: a skewed batch (many short sequences and one long)
+  and a uniform one, ``T = 4096`` (1024 with ``quick``)."""
+  if quick:
+    return (("skewed", (16,) * 31 + (528,)), ("uniform", (128,) * 8))
+  return (("skewed", (32,) * 63 + (2080,)), ("uniform", (256,) * 16))
+
+
+VARLEN_OP = "chunk_gated_delta_rule"
+
+
+def _varlen_functions(cu: np.ndarray, states: bool):
+  """jit of ``VARLEN_OP`` on a packed row with the concrete ``cu`` (with per-sequence states or without), and
+  jit of the gradient of ``Σ o·do (+ Σ S·dS)`` w.r.t. ``q, k, v, g, beta``; arguments
+  ``(q, k, v, g, beta, h0[, do, dS])``."""
+  from jaxmem import ops
+  op = getattr(ops, VARLEN_OP)
+
+  def forward(q, k, v, g, beta, h0):
+    kw = dict(initial_state=h0, output_final_state=True) if states else {}
+    return op(q, k, v, g, beta, cu_seqlens=cu, **kw)
+
+  def loss(q, k, v, g, beta, h0, do, dS):
+    o, S = forward(q, k, v, g, beta, h0)
+    return jnp.vdot(o, do) + (0.0 if S is None else jnp.vdot(S, dS))
+  return jax.jit(forward), jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
+
+
+def _varlen_table(quick, repeats):
+  """Rows ``[batch, N, T, packed fwd, states fwd, ratio, packed fwd+bwd, states fwd+bwd, ratio]`` and the
+  ratios."""
+  rows, ratios = [], []
+  for name, lengths in varlen_batches(quick):
+    T, N = sum(lengths), len(lengths)
+    cu = np.cumsum((0,) + tuple(lengths)).astype(np.int32)
+    x = random_inputs(B, T, H, K)
+    h0 = jnp.concatenate([x["h0"]] * N)  # [N, H, K, V]
+    dS = jnp.concatenate([x["dS"]] * N)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], h0)
+    grad_args = args + (x["do"], dS)
+    (p_f, p_g), (s_f, s_g) = _varlen_functions(cu, False), _varlen_functions(cu, True)
+    t_pf, t_sf = _alternate([_blocking(p_f, args), _blocking(s_f, args)], repeats)
+    t_pg, t_sg = _alternate([_blocking(p_g, grad_args), _blocking(s_g, grad_args)], repeats)
+    ratios.append((t_sf / t_pf, t_sg / t_pg))
+    label = f"{name}: " + " + ".join(f"{lengths.count(n)} × {n}" for n in sorted(set(lengths)))
+    rows.append([label, N, T, _ms(t_pf), _ms(t_sf), f"{t_sf / t_pf:.2f}", _ms(t_pg), _ms(t_sg),
+                 f"{t_sg / t_pg:.2f}"])
+  return rows, ratios
+
+
+VARLEN_HEAD = ["batch (sequence lengths)", "N", "T", "packed fwd ms", "with states fwd ms",
+               "states / packed fwd", "packed fwd+bwd ms", "with states fwd+bwd ms", "states / packed fwd+bwd"]
 
 
 def _wrapper_table(quick, repeats, jm):
@@ -533,6 +592,13 @@ def bench_ops(quick: bool = False, repeats: int = 5, emit: Callable[[str], None]
              + markdown_table(WRAPPER_HEAD, rows) + "\n\n")
   emit(wrapper)
 
+  varlen_rows, _ = _varlen_table(quick, repeats)
+  varlen = (f"Varlen with a state per sequence: `{VARLEN_OP}` on one packed row (`cu_seqlens`, concrete), "
+            f"without states (the packed call) and with an initial state per sequence and the final states "
+            f"returned (`jaxmem/kernels/assoc/varlen.py`); fwd+bwd w.r.t. q, k, v, g, β (and the final "
+            f"states' cotangent). Timed as above.\n\n" + markdown_table(VARLEN_HEAD, varlen_rows) + "\n\n")
+  emit(varlen)
+
   peer_rows, peer_ratios, missing, skipped = _peer_table(quick, repeats, jm)
   more = f" {skipped} more rows run without `--quick`." if quick and skipped else ""
   peers = (f"Peers on the same inputs (fla's layouts: q, k, v, g, β and an initial state), each timed in turns "
@@ -546,7 +612,7 @@ def bench_ops(quick: bool = False, repeats: int = 5, emit: Callable[[str], None]
 
   closing = _closing_note(ratios, diffs, peer_ratios, missing)
   emit(closing)
-  return wrapper + peers + closing
+  return wrapper + varlen + peers + closing
 
 
 def _closing_note(ratios, diffs, peer_ratios, missing) -> str:

@@ -105,17 +105,28 @@ def where_rows(pick_B: jax.Array, a, b):
   return jax.tree.map(lambda x, y: jnp.where(pick_B.reshape((-1,) + (1,) * (x.ndim - 1)), x, y), a, b)
 
 
-def check_cu_seqlens(cu_seqlens, T: int, name: str = "cu_seqlens") -> None:
-  """``cu_seqlens [N + 1]``, integers; when concrete: ``0 = c_0 <= c_1 <= ... <= c_N = T``."""
+def check_cu_seqlens(cu_seqlens, T: int, name: str = "cu_seqlens") -> jax.Array:
+  """``cu_seqlens [N + 1]`` as an int32 array (a list or tuple of integers is read as one); ``ValueError``
+  naming ``name`` unless it is ``[N + 1]`` integers, ``N >= 1``, and (when concrete) ``0 = c_0 <= c_1 <= ...
+  <= c_N = T``."""
+  if isinstance(cu_seqlens, (list, tuple)):
+    try:
+      cu_seqlens = np.asarray(cu_seqlens)
+    except ValueError:  # ragged nesting
+      raise ValueError(f"`{name}` must be a flat list of integers [N + 1], got {cu_seqlens!r}.") from None
+    if cu_seqlens.dtype == object:
+      raise ValueError(f"`{name}` must be a flat list of integers [N + 1], got {cu_seqlens.tolist()!r}.")
   shape = shape_of(cu_seqlens)
   if len(shape) != 1 or shape[0] < 2:
-    raise ValueError(f"`{name}` must have shape [N + 1] with N >= 1, got {shape}.")
+    raise ValueError(f"`{name}` must have shape [N + 1] with N >= 1 (a list or a 1-D integer array), got "
+                     f"shape {shape}.")
   _check_integers(name, cu_seqlens)
   if is_concrete(cu_seqlens):
     c = np.asarray(cu_seqlens)
     if c[0] != 0 or c[-1] != T or np.any(np.diff(c) < 0):
       raise ValueError(f"`{name}` must rise from 0 to T = {T} (cumulative sequence lengths), got "
                        f"{c.tolist() if c.size <= 12 else c[:6].tolist() + ['...'] + c[-3:].tolist()}.")
+  return jnp.asarray(cu_seqlens, jnp.int32)
 
 
 def cu_seqlens_to_segment_ids(cu_seqlens, T: int) -> jax.Array:

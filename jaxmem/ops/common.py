@@ -9,10 +9,12 @@ V, K]``, jaxmem's own layout). Varlen: ``cu_seqlens [N + 1]`` with ``B = 1`` (se
 
 How a call runs: the checks (shapes, dtypes, and ``cu_seqlens`` / ``segment_ids`` when concrete), then
 one compiled program: gates, ``q·scale``, L2 norms, and the kernel in the op's form (``chunk_*`` → ``chunked``,
-``fused_recurrent_*`` → ``recurrent``). ``cu_seqlens`` without states is the packed row itself with a segment
-per sequence; with ``initial_state`` or ``output_final_state`` the sequences are laid out as ``N`` rows of the
-longest one's length (the longest measured when ``cu_seqlens`` is concrete, ``T`` under ``jit``), run as a
-batch, and put back.
+``fused_recurrent_*`` → ``recurrent``). ``cu_seqlens`` (a list or an integer array) without states is the
+packed row itself with a segment per sequence; with ``initial_state`` or ``output_final_state`` each sequence
+starts from its own state and ends in its own, still in one pass over the packed row: every sequence gets chunks
+of its own, which the chunked form runs as UT / WY chunks and the recurrent form token by token
+(``jaxmem/kernels/assoc/varlen.py``; measurements in ``jaxmem/ops/README.md``). The shapes depend on ``T`` and
+``N`` only, so a traced ``cu_seqlens`` works under ``jit`` and new lengths do not compile again.
 
 The final state is in the accumulation dtype, float32 (float64 when an input or ``initial_state`` is float64),
 whatever the dtype of the inputs and of ``initial_state``, as fla's (its kernels read ``h0`` into float32 and
@@ -34,7 +36,6 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxmem.checks import (
   check_equal,
@@ -42,7 +43,6 @@ from jaxmem.checks import (
   check_floating,
   check_positive_int,
   check_rank,
-  is_concrete,
   shape_of,
 )
 from jaxmem.kernels.assoc import (
@@ -51,7 +51,7 @@ from jaxmem.kernels.assoc import (
   check_grouped_heads,
   l2_normalize,
 )
-from jaxmem.kernels.segments import check_cu_seqlens, check_segment_ids, cu_seqlens_to_segment_ids
+from jaxmem.kernels.segments import check_cu_seqlens, check_segment_ids
 
 FORMS = {"chunk": "chunked", "fused_recurrent": "recurrent"}
 
@@ -118,7 +118,7 @@ def run(rule: str, form: str, q, k, v, *, beta=None, g=None, scale: Optional[flo
     if B != 1:
       raise ValueError(f"with `cu_seqlens` the batch size must be 1 (sequences packed along T), got B = {B}; "
                        "flatten the batch, or pass `segment_ids` [B, T] instead.")
-    check_cu_seqlens(cu_seqlens, T)
+    cu_seqlens = check_cu_seqlens(cu_seqlens, T)
     N = shape_of(cu_seqlens)[0] - 1
   if segment_ids is not None:
     segment_ids = check_segment_ids(segment_ids, B, T)
@@ -131,25 +131,18 @@ def run(rule: str, form: str, q, k, v, *, beta=None, g=None, scale: Optional[flo
   if rule in DECAY_RULES and g is None:
     raise ValueError(f"{op} needs the decay `g` [B, T, HV] (log space).")
   # no stability check of the erasing rules (β‖k‖² <= 2), as fla: the module docstring says why
-  relayout = cu_seqlens is not None and (initial_state is not None or output_final_state)
-  t_max = T
-  if relayout and is_concrete(cu_seqlens):
-    t_max = max(1, int(np.max(np.diff(np.asarray(cu_seqlens)))))
-  cu = None if cu_seqlens is None else jnp.asarray(cu_seqlens, jnp.int32)
   if extra_v is not None:
     extra_v = jnp.asarray(extra_v)
-  return _program(q, k, v, beta, g, A_log, dt_bias, initial_state, cu, segment_ids, extra_v,
+  return _program(q, k, v, beta, g, A_log, dt_bias, initial_state, cu_seqlens, segment_ids, extra_v,
                   rule=rule, mode=FORMS[form], scale=float(scale), chunk_size=chunk_size,
                   final=bool(output_final_state), state_v_first=bool(state_v_first), q_l2norm=bool(q_l2norm),
-                  k_l2norm=bool(k_l2norm), beta_sigmoid=bool(beta_sigmoid), beta_max=float(beta_max),
-                  relayout=relayout, t_max=t_max)
+                  k_l2norm=bool(k_l2norm), beta_sigmoid=bool(beta_sigmoid), beta_max=float(beta_max))
 
 
 @functools.partial(jax.jit, static_argnames=("rule", "mode", "scale", "chunk_size", "final", "state_v_first",
-                                             "q_l2norm", "k_l2norm", "beta_sigmoid", "beta_max", "relayout",
-                                             "t_max"))
+                                             "q_l2norm", "k_l2norm", "beta_sigmoid", "beta_max"))
 def _program(q, k, v, beta, g, A_log, dt_bias, h0, cu, segment_ids, extra_v, *, rule, mode, scale, chunk_size,
-             final, state_v_first, q_l2norm, k_l2norm, beta_sigmoid, beta_max, relayout, t_max):
+             final, state_v_first, q_l2norm, k_l2norm, beta_sigmoid, beta_max):
   acc = jnp.promote_types(jnp.result_type(q, k, v), jnp.float32)
   out_dtype = v.dtype
   q, k = q.astype(acc), k.astype(acc)
@@ -167,22 +160,12 @@ def _program(q, k, v, beta, g, A_log, dt_bias, h0, cu, segment_ids, extra_v, *, 
   # fla's final state is float32 whatever the inputs' and h0's dtypes: h0 enters in the accumulation dtype
   S0 = None if h0 is None else (h0 if state_v_first else jnp.swapaxes(h0, -1, -2))
   S0 = None if S0 is None else S0.astype(jnp.promote_types(acc, S0.dtype))
-  if cu is not None and not relayout:
-    segment_ids = cu_seqlens_to_segment_ids(cu, q.shape[1])
-  if relayout:  # N rows of t_max tokens, one sequence each; padding (id 0) writes nothing
-    T = q.shape[1]
-    pos = jnp.arange(t_max, dtype=jnp.int32)
-    idx = jnp.clip(cu[:-1, None] + pos[None, :], 0, T - 1)  # [N, t_max]
-    segment_ids = (pos[None, :] < (cu[1:] - cu[:-1])[:, None]).astype(jnp.int32)
-    take = lambda x: None if x is None else x[0][idx]
-    q, k, v, beta, g = (take(x) for x in (q, k, v, beta, g))
-  o, S = associative_memory(q, k, v, beta, rule=rule, mode=mode, chunk_size=chunk_size,
-                            log_decay=g if rule in DECAY_RULES else None, initial_state=S0, return_state=True,
-                            segment_ids=segment_ids)
-  if relayout:  # token t of the packed row is token t − cu[n] of row n
-    t = jnp.arange(T, dtype=jnp.int32)
-    n = jnp.searchsorted(cu[1:], t, side="right")
-    o = o[n, t - cu[n]][None]
+  # cu_seqlens: a segment per sequence, or with states (initial or final) a state per sequence, in one pass
+  # over the packed row either way (jaxmem/kernels/assoc/varlen.py)
+  out = associative_memory(q, k, v, beta, rule=rule, mode=mode, chunk_size=chunk_size,
+                           log_decay=g if rule in DECAY_RULES else None, initial_state=S0, return_state=final,
+                           segment_ids=segment_ids, cu_seqlens=cu)
+  o, S = out if final else (out, None)
   if extra_v is None:
     o = o.astype(out_dtype)
   if not final:

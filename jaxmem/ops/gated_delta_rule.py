@@ -57,7 +57,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale: Optional[float] = None, init
   ``g, beta [B, T, HV]`` (``g`` in log space), ``initial_state [N, HV, K, V]``; returns
   ``(o [B, T, HV, V], final state [N, HV, K, V] or None)``. Options: module docstring. Varlen:
   ``cu_seqlens [N + 1]`` (``B = 1``) or ``segment_ids [B, T]`` (:mod:`jaxmem.ops.common`). ``cu_seqlens_cpu``
-  is accepted and unused (the lengths are read from ``cu_seqlens`` when it is concrete)."""
+  is accepted and unused (the shapes depend on ``T`` and ``N`` only; nothing needs the lengths on the host)."""
   del cu_seqlens_cpu
   return _gated_delta("chunk", q, k, v, g, beta, scale, initial_state, output_final_state,
                       use_qk_l2norm_in_kernel,

@@ -117,6 +117,9 @@ def stubbed(monkeypatch):
   minutes."""
   monkeypatch.setattr(ops_bench, "lengths", lambda quick: (16,))
   monkeypatch.setattr(ops_bench, "peer_lengths", lambda quick: (16,))
+  monkeypatch.setattr(ops_bench, "varlen_batches", lambda quick: (("skewed", (2, 2, 12)), ("uniform", (8, 8))))
+  monkeypatch.setattr(ops_bench, "_varlen_functions",
+                      lambda cu, states: (_fake_forward, lambda *a: _fake_forward(*a[:6])))
   monkeypatch.setattr(ops_bench, "K", 4)
   monkeypatch.setattr(ops_bench, "op_forward", lambda name: _fake_forward)
   monkeypatch.setattr(ops_bench, "kernel_forward", lambda name: _fake_forward)
@@ -129,19 +132,23 @@ def stubbed(monkeypatch):
 def test_bench_ops_emits_each_table_as_it_is_computed(stubbed):
   emitted = []
   section = ops_bench.bench_ops(quick=True, repeats=1, emit=emitted.append)
-  assert len(emitted) == 3 and "".join(emitted) == section
+  assert len(emitted) == 4 and "".join(emitted) == section
   assert emitted[0].startswith("### ops: fla-named ops (`jaxmem.ops`), B=1, H=4, K=V=4, float32")
   wrapper, = markdown_tables(emitted[0])
   assert wrapper[0] == ops_bench.WRAPPER_HEAD
   assert [row[0] for row in wrapper[2:]] == [f"`{name}`" for name in QUICK_OPS]
   for row in wrapper[2:]:  # op timed first in each pair: 2 ms against the kernel's 1 ms
     assert row[1:] == ["16", "2.00", "1.00", "2.00", "2.00", "1.00", "2.00", "0.0e+00"]
-  assert emitted[2].startswith("Wrapper cost over 5 rows: op / kernel forward 2.00–2.00 (geometric mean 2.00)")
+  varlen, = markdown_tables(emitted[1])
+  assert varlen[0] == ops_bench.VARLEN_HEAD
+  assert varlen[2] == ["skewed: 2 × 2 + 1 × 12", "3", "16", "2.00", "1.00", "0.50", "2.00", "1.00", "0.50"]
+  assert varlen[3][:3] == ["uniform: 2 × 8", "2", "16"]
+  assert emitted[3].startswith("Wrapper cost over 5 rows: op / kernel forward 2.00–2.00 (geometric mean 2.00)")
 
 
 def test_peer_rows_keep_their_failures_and_time_only_what_agrees(stubbed):
   section = ops_bench.bench_ops(quick=True, repeats=1)
-  _, peers = markdown_tables(section)
+  _, _, peers = markdown_tables(section)
   assert peers[0] == ops_bench.PEER_HEAD
   rows = {row[1]: row for row in peers[2:]}
   assert list(rows) == ["agrees", "disagrees", "fails", "no backward", "too long"]  # quick: one row left out

@@ -28,6 +28,10 @@ token of every segment but a row's first (which continues ``initial_state``), pa
 nothing and reads 0. Every form does it by a decay of 0 at those tokens (``log γ = −inf``, exact in every
 form; rules without a decay run as their decaying twin, e.g. delta as gated_delta with ``γ = 1``).
 
+fla's varlen form: ``cu_seqlens [N + 1]`` (``B = 1``, sequence ``n`` the tokens ``cu[n]:cu[n + 1]``); without
+states a segment per sequence, with ``initial_state [N, H, D_v, D_k]`` or ``return_state`` a state per sequence,
+each computed as if alone in one pass over the packed row (:mod:`.varlen`; chunked, recurrent and auto).
+
 Forms (``mode=``; equal up to float rounding, tested). ``recurrent``: ``lax.scan`` of the literal
 update (:mod:`.recurrent`; also the inference pair :func:`init` / :func:`step`). ``parallel``:
 masked quadratic form, one UT chunk for delta (:mod:`.parallel`). ``chunked``: the UT / WY transform
@@ -55,6 +59,7 @@ Derivations and measurements: ``jaxmem/kernels/assoc/README.md``.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Optional
 
 import jax
@@ -75,8 +80,14 @@ from jaxmem.kernels.assoc.chunked import chunked_head, chunked_scan, unit_lower_
 from jaxmem.kernels.assoc.common import DECAY_RULES, ERASE_RULES, MODES, OJA_RULES, RULES, WITH_DECAY, acc_dtype
 from jaxmem.kernels.assoc.parallel import parallel_head
 from jaxmem.kernels.assoc.recurrent import recurrent_head, update
+from jaxmem.kernels.assoc.varlen import sequences_forward
 from jaxmem.kernels.precision import matmul_for
-from jaxmem.kernels.segments import check_segment_ids, segment_starts
+from jaxmem.kernels.segments import (
+  check_cu_seqlens,
+  check_segment_ids,
+  cu_seqlens_to_segment_ids,
+  segment_starts,
+)
 
 _NORM_EPS = 1e-6
 # decay= values below this are read as it (log-space kernels; see log_of_decay)
@@ -105,8 +116,12 @@ def log_of_decay(decay: jax.Array) -> jax.Array:
 # Dispatch over modes, batch and heads.
 
 
-def _run(rule, mode, chunk_size, dot, q, k, v, beta, logg, S0):
-  """``[B, T, H, ·]`` inputs (accumulation dtype) -> ``(o [B, T, H, D_v], S [B, H, D_v, D_k])``."""
+def _run(rule, mode, chunk_size, dot, q, k, v, beta, logg, S0, cu=None):
+  """``[B, T, H, ·]`` inputs (accumulation dtype) -> ``(o [B, T, H, D_v], S [B, H, D_v, D_k])``; with ``cu``
+  (``cu_seqlens``, ``B = 1``) ``S0`` and ``S`` are the per-sequence states ``[N, H, D_v, D_k]``
+  (:mod:`.varlen`)."""
+  if cu is not None:
+    return sequences_forward(rule, mode, chunk_size, q, k, v, beta, logg, S0, cu, dot=dot)
   T = q.shape[1]
   if mode == "chunked" or (mode == "parallel" and rule in ("delta", "gated_delta")):
     # parallel delta rules: the UT form with one chunk spanning the sequence
@@ -121,9 +136,9 @@ def _run(rule, mode, chunk_size, dot, q, k, v, beta, logg, S0):
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
-def _auto(rule, fwd_mode, chunk_size, dot, q, k, v, beta, logg, S0):
+def _auto(rule, fwd_mode, chunk_size, dot, q, k, v, beta, logg, S0, cu=None):
   """auto: the forward-fastest form when not differentiated, the chunked form's JVP when."""
-  return _run(rule, fwd_mode, chunk_size, dot, q, k, v, beta, logg, S0)
+  return _run(rule, fwd_mode, chunk_size, dot, q, k, v, beta, logg, S0, cu)
 
 
 @_auto.defjvp
@@ -141,10 +156,14 @@ def auto_forward_mode(platform: Optional[str] = None) -> str:
   return "recurrent" if platform == "cpu" else "chunked"
 
 
-@functools.partial(jax.jit, static_argnames=("rule", "mode", "chunk_size", "normalize_keys", "dot"))
-def _forward(q, k, v, beta, decay, log_decay, S0, segment_ids, *, rule, mode, chunk_size, normalize_keys, dot):
+@functools.partial(jax.jit,
+                   static_argnames=("rule", "mode", "chunk_size", "normalize_keys", "dot", "sequences"))
+def _forward(q, k, v, beta, decay, log_decay, S0, segment_ids, cu, *, rule, mode, chunk_size, normalize_keys,
+             dot, sequences):
   """The whole computation of :func:`associative_memory` after its checks, in one compiled program
-  (defaults, broadcasts and casts included: outside ``jit`` each would compile a program of its own)."""
+  (defaults, broadcasts and casts included: outside ``jit`` each would compile a program of its own).
+  ``sequences``: ``cu`` with a state per sequence (``S0`` ``[N, H, D_v, D_k]``); ``cu`` without is a segment
+  per sequence."""
   B, T, H, Dv = v.shape  # H: the value heads (HV); q and k may have a divisor of it
   Dk = q.shape[-1]
   if q.shape[2] != H:  # grouped value heads: key / query head j serves value heads j·g .. j·g + g − 1
@@ -155,10 +174,17 @@ def _forward(q, k, v, beta, decay, log_decay, S0, segment_ids, *, rule, mode, ch
   o_dtype, S_dtype = v.dtype, acc if S0 is None else S0.dtype
   beta = jnp.ones((B, T, H), acc) if beta is None else jnp.broadcast_to(beta.astype(acc), (B, T, H))
   logg = _log_decay(decay, log_decay, acc, (B, T, H))
-  S0 = jnp.zeros((B, H, Dv, Dk), acc) if S0 is None else S0
+  S0 = jnp.zeros((cu.shape[0] - 1 if sequences else B, H, Dv, Dk), acc) if S0 is None else S0
   q, k, v, S0 = (x.astype(acc) for x in (q, k, v, S0))
   if normalize_keys:
     k = l2_normalize(k)
+  if cu is not None and not sequences:
+    segment_ids = cu_seqlens_to_segment_ids(cu, T)
+  if sequences:
+    cu = cu.astype(jnp.int32)
+    form, fwd_mode = (_auto, auto_forward_mode()) if mode == "auto" else (_run, mode)
+    o, S = form(rule, fwd_mode, chunk_size, dot, q, k, v, beta, logg, S0, cu)
+    return o.astype(o_dtype), S.astype(S_dtype)
   if segment_ids is not None:
     # a boundary is a decay of 0 (exact in every form); padding neither decays nor writes, and reads 0
     start, valid = (m[..., None] for m in segment_starts(segment_ids))
@@ -228,6 +254,7 @@ def _check_log_decay_values(log_decay, name: str) -> None:
                      f"such as {d[~ok].ravel()[:3].tolist()}.")
 
 
+@functools.lru_cache(maxsize=None)
 def _stability_slack(*dtypes) -> float:
   """Relative slack on β‖a‖² ≤ 2: the rounding of the inputs' dtype (3·eps, at least 1e-4).
 
@@ -237,31 +264,78 @@ def _stability_slack(*dtypes) -> float:
   return max(1e-4, 3.0 * eps)
 
 
+@functools.partial(jax.jit, static_argnames=("unit",))
+def _erase_range(beta, a, *, unit: bool):
+  """``[min, max]`` of ``β_t‖a_t‖²`` (``‖a‖² = 1`` when ``unit``) and whether ``β`` and ``a`` are all finite, as
+  one float32 (float64 under x64) vector: one small program and one read-back for the eager checks of device
+  arrays, where converting them to float64 numpy arrays costs more than the call itself."""
+  acc = jnp.promote_types(jnp.result_type(a, beta), jnp.float32)
+  a, beta = a.astype(acc), jnp.asarray(beta, acc)
+  sq = jnp.ones(a.shape[:-1], acc) if unit else jnp.sum(a * a, axis=-1)
+  if beta.ndim and sq.ndim and beta.shape[-1] != sq.shape[-1]:  # grouped value heads: a key head per group
+    sq = jnp.repeat(sq, beta.shape[-1] // sq.shape[-1], axis=-1)
+  prod = jnp.where(beta == 0, 0.0, beta * sq)  # β = 0 writes nothing, whatever ‖a‖² (an overflow included)
+  finite = lambda x: jnp.all(jnp.isfinite(x)).astype(acc)
+  return jnp.stack([jnp.min(prod), jnp.max(prod), finite(beta), 1.0 if unit else finite(a)])
+
+
+def _dtype(x):
+  return x.dtype if hasattr(x, "dtype") else jnp.result_type(x)
+
+
+# check_stability reduces device arrays of at least this many elements on the device (one small program and a
+# read-back of four numbers); smaller ones in numpy, where the program's dispatch and wait would cost more
+_DEVICE_CHECK_SIZE = 1 << 15
+
+
+def _erase_range_numpy(beta, a, unit: bool):
+  """:func:`_erase_range` in numpy: in the inputs' precision (at least float32; its rounding, ``D·eps``, is far
+  below the slack of :func:`_stability_slack`) when every product is finite, else again in float64, so that a
+  finite ``a`` whose square overflows float32 is reported as divergence, not as a non-finite input."""
+  b = np.asarray(1.0 if beta is None else beta)
+  a_np = np.asarray(a)
+  for dtype in (np.promote_types(np.result_type(a_np, b), np.float32), np.float64):
+    bb = b.astype(dtype, copy=False)
+    if unit:
+      sq = np.ones(a_np.shape[:-1], dtype)
+    else:
+      aa = a_np.astype(dtype, copy=False)
+      sq = np.einsum("...i,...i->...", aa, aa)
+    if bb.ndim and sq.ndim and bb.shape[-1] != sq.shape[-1]:  # grouped value heads: a key head per group
+      sq = np.repeat(sq, bb.shape[-1] // sq.shape[-1], axis=-1)
+    prod = bb * sq
+    lo, hi = float(np.min(prod)), float(np.max(prod))
+    if math.isfinite(lo) and math.isfinite(hi):
+      return lo, hi, True, True
+  return lo, hi, bool(np.all(np.isfinite(b))), unit or bool(np.all(np.isfinite(sq)))
+
+
 def check_stability(rule: str, beta, k, v, normalize_keys: bool) -> None:
   """Raises when concrete ``β_t‖a_t‖²`` leaves ``[0, 2]`` (a = k, or v for the Oja rules), or β is not finite
-  (``beta`` ``[.., H]`` or a scalar; ``k`` may have a divisor of ``H`` heads). Tracers are not checked."""
-  _check_finite_values("beta", beta)
-  if rule not in ERASE_RULES:
-    return
+  (``beta`` ``[.., H]`` or a scalar; ``k`` may have a divisor of ``H`` heads). Tracers are not checked.
+
+  Large device arrays are reduced on the device (:func:`_erase_range`), the rest in numpy
+  (:func:`_erase_range_numpy`); both raise the same errors."""
   a = v if rule in OJA_RULES else k
-  if not (is_concrete(beta) and is_concrete(a)):
+  if rule not in ERASE_RULES or not (is_concrete(beta) and is_concrete(a)):
+    _check_finite_values("beta", beta)
     return
-  b = np.asarray(1.0 if beta is None else beta, np.float64)
-  if normalize_keys and rule not in OJA_RULES:
-    sq = np.ones(shape_of(a)[:-1])
+  unit = bool(normalize_keys) and rule not in OJA_RULES
+  if isinstance(a, jax.Array) and a.size >= _DEVICE_CHECK_SIZE:
+    lo, hi, beta_ok, a_ok = (float(x) for x in np.asarray(_erase_range(1.0 if beta is None else beta, a,
+                                                                       unit=unit)))
   else:
-    sq = np.sum(np.square(np.asarray(a, np.float64)), axis=-1)
-  if b.ndim and sq.ndim and b.shape[-1] != sq.shape[-1]:  # grouped value heads: a key head per group
-    sq = np.repeat(sq, b.shape[-1] // sq.shape[-1], axis=-1)
-  prod = b * sq
-  if not np.all(np.isfinite(prod)):
+    lo, hi, beta_ok, a_ok = _erase_range_numpy(beta, a, unit)
+  if not beta_ok:
+    _check_finite_values("beta", beta)  # raises, naming the values
+  if not a_ok:
     arg = "v" if rule in OJA_RULES else "k"
     raise ValueError(f"`{arg}` must be finite for rule {rule!r} (it sets the erase factor), got a non-finite "
                      f"value in shape {shape_of(a)}.")
-  slack = _stability_slack(jnp.result_type(a), jnp.result_type(1.0 if beta is None else beta))
-  if np.any(prod < -slack) or np.any(prod > 2.0 * (1.0 + slack)):
+  slack = _stability_slack(_dtype(a), _dtype(1.0 if beta is None else beta))
+  if lo < -slack or hi > 2.0 * (1.0 + slack):
     which, arg = ("‖v_t‖²", "v") if rule in OJA_RULES else ("‖k_t‖²", "k")
-    worst = float(prod.max()) if prod.max() > 2 else float(prod.min())
+    worst = hi if hi > 2 else lo
     raise ValueError(
         f"rule {rule!r} diverges unless 0 <= beta_t·{which} <= 2 for every token, got {worst:.4g} "
         f"(`beta` shape {shape_of(beta)}, `{arg}` shape {shape_of(a)}); "
@@ -314,6 +388,7 @@ def associative_memory(
     normalize_keys: bool = False,
     precision: Any = "highest",
     segment_ids: Optional[jax.Array] = None,
+    cu_seqlens: Any = None,
 ):
   """Multi-head associative matrix memory (write with ``rule``, read ``o_t = S_t q_t``).
 
@@ -344,10 +419,18 @@ def associative_memory(
       empties at the first token of each segment after a row's first, and padding (0) writes nothing
       and reads 0. ``initial_state`` is the state before a row's first segment and the final state the
       state after its last token.
+    cu_seqlens: ``[N + 1]`` integers (a list or an array), ``B = 1``: the row holds ``N`` sequences, sequence
+      ``n`` the tokens ``cu_seqlens[n]:cu_seqlens[n + 1]`` (fla's varlen form). Without ``initial_state`` and
+      ``return_state`` it is a segment per sequence (as ``segment_ids``). With either, each sequence has its
+      own state: ``initial_state`` and the returned state are ``[N, H, D_v, D_k]`` (zeros when None), each
+      sequence computed as if alone, in one pass over the packed row (``jaxmem/kernels/assoc/varlen.py``;
+      modes ``chunked``, ``recurrent`` and ``auto``). Concrete values must rise from 0 to ``T``; traced ones
+      are not checked.
 
   Returns:
     ``o [B, T, H, D_v]`` in the dtype of ``v``, and ``S_T`` if ``return_state`` (in the
-    dtype of ``initial_state``, else float32 — float64 for float64 inputs).
+    dtype of ``initial_state``, else float32 — float64 for float64 inputs; ``[N, H, D_v, D_k]``, a state per
+    sequence, with ``cu_seqlens``).
 
   Raises:
     ValueError: wrong ranks or mismatched batch/length/heads/key widths; non-floating
@@ -357,7 +440,8 @@ def associative_memory(
       ``log_decay`` missing, both given, given for a rule without decay, of the wrong
       shape, or (when concrete) out of range; ``beta``/``initial_state`` of the wrong
       shape; concrete ``beta`` not finite, or ``β‖k‖²`` (``β‖v‖²`` for oja) outside
-      ``[0, 2]`` for the erasing rules.
+      ``[0, 2]`` for the erasing rules; ``cu_seqlens`` not ``[N + 1]`` integers rising from 0 to ``T`` (when
+      concrete), with ``B > 1`` or with ``segment_ids``, or with per-sequence states in mode ``parallel``.
   """
   check_choice("rule", rule, RULES)
   check_choice("mode", mode, MODES)
@@ -380,22 +464,33 @@ def associative_memory(
     )
   if segment_ids is not None:
     segment_ids = check_segment_ids(segment_ids, B, T)
+  sequences = False
+  if cu_seqlens is not None:
+    if segment_ids is not None:
+      raise ValueError("pass `cu_seqlens` (B = 1) or `segment_ids` [B, T], not both.")
+    if B != 1:
+      raise ValueError(f"with `cu_seqlens` the batch size must be 1 (sequences packed along T), got B = {B}.")
+    cu_seqlens = check_cu_seqlens(cu_seqlens, T)
+    sequences = initial_state is not None or bool(return_state)
+    if sequences and mode == "parallel":
+      raise ValueError("`cu_seqlens` with a state per sequence runs in mode 'chunked', 'recurrent' or 'auto', "
+                       "not 'parallel'.")
   beta, decay, log_decay = _as_array(beta), _as_array(decay), _as_array(log_decay)
   if beta is not None:
     _check_shape("beta", beta, (B, T, H), "B, T, H")
   _decay_args(rule, decay, log_decay, ("decay", "log_decay"), (B, T, H), "B, T, H")
   if initial_state is not None:
     s = shape_of(initial_state)
-    if s != (B, H, Dv, Dk):
-      raise ValueError(
-          f"`initial_state` must have shape [B, H, D_v, D_k] = {(B, H, Dv, Dk)}, got {s}."
-      )
+    want = (shape_of(cu_seqlens)[0] - 1 if sequences else B, H, Dv, Dk)
+    if s != want:
+      raise ValueError(f"`initial_state` must have shape [{'N' if sequences else 'B'}, H, D_v, D_k] = {want}, "
+                       f"got {s}.")
   check_floating(q=q, k=k, v=v, initial_state=initial_state)
   check_stability(rule, beta, k, v, normalize_keys)
 
   S0 = None if initial_state is None else _as_array(initial_state)
-  o, S = _forward(q, k, v, beta, decay, log_decay, S0, segment_ids, rule=rule, mode=mode, chunk_size=chunk_size,
-                  normalize_keys=bool(normalize_keys), dot=dot)
+  o, S = _forward(q, k, v, beta, decay, log_decay, S0, segment_ids, cu_seqlens, rule=rule, mode=mode,
+                  chunk_size=chunk_size, normalize_keys=bool(normalize_keys), dot=dot, sequences=sequences)
   return (o, S) if return_state else o
 
 
@@ -442,11 +537,19 @@ def step(state, q_t, k_t, v_t, beta_t=None, decay_t=None, *, rule: str, log_deca
     _check_shape("beta_t", beta_t, (B, H), "B, H")
   _decay_args(rule, decay_t, log_decay_t, ("decay_t", "log_decay_t"), (B, H), "B, H")
   check_stability(rule, beta_t, k_t, v_t, normalize_keys)
+  return _step(state, q_t, k_t, v_t, beta_t, decay_t, log_decay_t, rule=rule,
+               normalize_keys=bool(normalize_keys), dot=dot)
 
+
+@functools.partial(jax.jit, static_argnames=("rule", "normalize_keys", "dot"))
+def _step(state, q_t, k_t, v_t, beta_t, decay_t, log_decay_t, *, rule, normalize_keys, dot):
+  """The computation of :func:`step` after its checks, one compiled program (op by op, an eager step
+  dispatched some fifty small computations)."""
+  B, H = state.shape[:2]
   acc = jnp.promote_types(acc_dtype(q_t, k_t, v_t), state.dtype)
   q, k, v = (x.astype(acc) for x in (q_t, k_t, v_t))
-  if Hq != H:
-    q, k = (jnp.repeat(x, H // Hq, axis=1) for x in (q, k))
+  if q.shape[1] != H:
+    q, k = (jnp.repeat(x, H // q.shape[1], axis=1) for x in (q, k))
   if normalize_keys:
     k = l2_normalize(k)
   b = jnp.broadcast_to(jnp.asarray(1.0 if beta_t is None else beta_t, acc), (B, H))

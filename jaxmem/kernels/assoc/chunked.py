@@ -57,7 +57,7 @@ def chunked_head(q_TK, k_TK, v_TV, beta_T, logg_T, S_VK, *, rule: str, chunk_siz
 
 
 def chunked_scan(q_BTHK, k_BTHK, v_BTHV, beta_BTH, logg_BTH, S_BHVK, *, rule: str, chunk_size: int,
-            group: Optional[int] = None, dot: Matmul = HIGHEST):
+            group: Optional[int] = None, dot: Matmul = HIGHEST, sequences=None):
   """Chunked form on ``[B, T, H, ·]`` -> ``(o [B, T, H, D_v], S_T [B, H, D_v, D_k])``.
 
   ``T`` is padded at the end to a multiple of ``C = min(chunk_size, T)`` with ``β = 0``,
@@ -65,6 +65,12 @@ def chunked_scan(q_BTHK, k_BTHK, v_BTHV, beta_BTH, logg_BTH, S_BHVK, *, rule: st
   sliced back to ``T``. The ``N`` chunks run as a scan over ``N // G`` groups of ``G``
   (``group``, or from :data:`_GROUP_BYTES`) plus one group of the last ``N mod G``.
   Inputs in the accumulation dtype; no argument checks.
+
+  ``sequences = (load [N], store [N], states [M, H, D_v, D_k])`` (``B = 1``; the chunk layout of
+  :mod:`jaxmem.kernels.assoc.varlen`, where no chunk holds two sequences): chunk ``j`` starts from
+  ``states[load[j]]`` where ``load[j] < M``, else from the state the previous chunk left, and the state after
+  chunk ``j`` is sequence ``store[j]``'s final state where ``store[j] < M``. A third output then holds the
+  ``M`` final states ``[M, H, D_v, D_k]`` (zeros for a sequence no chunk stores, e.g. an empty one).
   """
   check_choice("rule", rule, RULES)
   chunk_size = check_positive_int("chunk_size", chunk_size)
@@ -84,6 +90,14 @@ def chunked_scan(q_BTHK, k_BTHK, v_BTHV, beta_BTH, logg_BTH, S_BHVK, *, rule: st
   # input before the loop (at T=8192, H=8, D=64: 13.4k vs 4.1k page faults per call, the
   # forward 1.3-1.8× slower).
   squeeze = B == 1
+  if sequences is not None and (B != 1 or sequences[0].shape != (N,) or sequences[1].shape != (N,)):
+    raise ValueError(f"chunked_scan: per-sequence states need B = 1 and one load and store index per chunk "
+                     f"({N} chunks), got B = {B} and {sequences[0].shape}, {sequences[1].shape}.")
+  # oja runs on S [D_v, D_k]; the delta rules on the key×value layout S̃ = Sᵀ
+  layout = (lambda S: S) if rule in OJA_RULES else mT  # S [.., D_v, D_k] <-> the rule's carry layout
+  if sequences is not None:
+    M = sequences[2].shape[0]
+    states_MXAB = layout(sequences[2].reshape((M, X, Dv, Dk)).astype(q_BTHK.dtype))
 
   def to_groups(x, ng, g):  # [B, ng·g·C, H, ...] -> [ng, B, g·C, H, ...] ([ng, g·C, H, ...] when B = 1)
     if squeeze:
@@ -96,14 +110,15 @@ def chunked_scan(q_BTHK, k_BTHK, v_BTHV, beta_BTH, logg_BTH, S_BHVK, *, rule: st
       x = jnp.moveaxis(x, (1, 0, 3, 2), (0, 1, 2, 3))
       return x.reshape((g, X, C) + x.shape[4:])  # from [g, B, H, C, ...]
 
-    def step(S_XAB, xs):
+    def step(carry, xs):
+      xs, seq = (xs[:5], None) if sequences is None else (xs[:5], xs[5:] + (states_MXAB,))
       q, k, v, beta, logg = (None if x is None else chunk_major(x) for x in xs)
       if rule in OJA_RULES:
-        o_GXCV, S_XAB = _oja_chunks(q, k, v, beta, logg if rule == "gated_oja" else None, S_XAB, dot)
+        o_GXCV, carry = _oja_chunks(q, k, v, beta, logg if rule == "gated_oja" else None, carry, dot, seq)
       else:
-        o_GXCV, S_XAB = _delta_chunks(q, k, v, beta, logg, S_XAB, rule=rule, dot=dot)
+        o_GXCV, carry = _delta_chunks(q, k, v, beta, logg, carry, rule=rule, dot=dot, seq=seq)
       o = jnp.moveaxis(o_GXCV.reshape((g, B, H, C, Dv)), (0, 1, 2, 3), (1, 0, 3, 2))
-      return S_XAB, o.reshape((B, g * C, H, Dv))
+      return carry, o.reshape((B, g * C, H, Dv))
 
     # remat: the backward pass recomputes a group's intermediates from its inputs and
     # carry instead of storing them all (less memory; timings in jaxmem/kernels/assoc/README.md)
@@ -114,19 +129,24 @@ def chunked_scan(q_BTHK, k_BTHK, v_BTHV, beta_BTH, logg_BTH, S_BHVK, *, rule: st
     if x is not None and n_pad:
       x = jnp.pad(x, [(0, 0), (0, n_pad)] + [(0, 0)] * (x.ndim - 2))
     xs.append(x)
-  S_XVK = S_BHVK.reshape((X, Dv, Dk))
-  # oja runs on S [D_v, D_k]; the delta rules on the key×value layout S̃ = Sᵀ
-  S_XAB = S_XVK if rule in OJA_RULES else mT(S_XVK)
+  carry = layout(S_BHVK.reshape((X, Dv, Dk)))
   L = n_full * G * C
   main = tuple(None if x is None else to_groups(x if rem == 0 else x[:, :L], n_full, G) for x in xs)
-  S_XAB, o_NgBLHV = jax.lax.scan(make_step(G), S_XAB, main)
+  tail = tuple(None if x is None else (x[0, L:] if squeeze else x[:, L:]) for x in xs)
+  if sequences is not None:  # the per-chunk indices ride along with the chunks; the final states in the carry
+    main += tuple(i[:n_full * G].reshape((n_full, G)) for i in sequences[:2])
+    tail += tuple(i[n_full * G:] for i in sequences[:2])
+    carry = (carry, jnp.zeros_like(states_MXAB))
+  carry, o_NgBLHV = jax.lax.scan(make_step(G), carry, main)
   o_BTHV = jnp.moveaxis(o_NgBLHV, 0, 1).reshape((B, L, H, Dv))
   if rem:  # the last N mod G chunks: one shorter group (no padding to a whole group)
-    tail = tuple(None if x is None else (x[0, L:] if squeeze else x[:, L:]) for x in xs)
-    S_XAB, o_tail = make_step(rem)(S_XAB, tail)
+    carry, o_tail = make_step(rem)(carry, tail)
     o_BTHV = jnp.concatenate([o_BTHV, o_tail], axis=1)
-  S_XVK = S_XAB if rule in OJA_RULES else mT(S_XAB)
-  return o_BTHV[:, :T], S_XVK.reshape((B, H, Dv, Dk))
+  S_XAB, finals = (carry, None) if sequences is None else carry
+  S_BHVK = layout(S_XAB).reshape((B, H, Dv, Dk))
+  if sequences is None:
+    return o_BTHV[:, :T], S_BHVK
+  return o_BTHV[:, :T], S_BHVK, layout(finals).reshape(sequences[2].shape)
 
 
 _BASE_INVERSE = 8  # blocks up to this size: forward substitution row by row
@@ -182,26 +202,51 @@ def _inverse_forward_substitution(A_XCC):
   return jnp.stack(rows, axis=1)
 
 
-def _additive_scan(gend_NX, X_NXKV, St_XKV):
+def _scan_chunks(body, carry, xs, seq):
+  """``lax.scan`` of ``body: (state, x) -> (state', out)`` over a group's chunks -> ``(carry, outs)``.
+
+  With ``seq = (load [N], store [N], states [M, X, A, B])`` the carry is ``(state, finals [M, X, A, B])``: a
+  chunk with ``load < M`` starts from ``states[load]`` instead of the carried state, and the state after a chunk
+  with ``store < M`` is added to ``finals[store]`` (zeros until then: each sequence ends in one chunk). Reverse
+  mode then only reads the finals' cotangent at each step and accumulates the states' in place; a buffer
+  overwritten in the carry was copied whole at every step of the backward scan, and the state after every
+  chunk as an output costs a whole-sequence temporary (XLA:CPU).
+  """
+  if seq is None:
+    return jax.lax.scan(body, carry, xs)
+  load, store, states = seq
+  M = states.shape[0]
+
+  def with_sequences(carry, x):
+    (St, finals), (ld, st, x) = carry, x
+    St = jnp.where(ld < M, jax.lax.dynamic_index_in_dim(states, jnp.minimum(ld, M - 1), keepdims=False), St)
+    St, out = body(St, x)
+    return (St, finals.at[st].add(St, mode="drop")), out
+
+  return jax.lax.scan(with_sequences, carry, (load, store, xs))
+
+
+def _additive_scan(gend_NX, X_NXKV, carry, seq=None):
   """hebb / decay across chunks: ``S̃_{n+1} = G_C S̃_n + X_n`` (``G_C = 1`` when None).
 
   The per-chunk contributions ``X_n = K̂ᵀ (β ⊙ V)`` do not depend on the state, so they
   are computed for all chunks at once and the sequential part is elementwise. Returns
-  (``S̃_n`` before each chunk ``[N, X, K, V]``, ``S̃_N``).
+  (``S̃_n`` before each chunk ``[N, X, K, V]``, the carry after the last; ``seq``: :func:`_scan_chunks`).
   """
   if gend_NX is None:
-    St_XKV, S0_NXKV = jax.lax.scan(lambda St, X_: (St + X_, St), St_XKV, X_NXKV)
+    carry, S0_NXKV = _scan_chunks(lambda St, X_: (St + X_, St), carry, X_NXKV, seq)
   else:
     body = lambda St, x: (x[0][:, None, None] * St + x[1], St)
-    St_XKV, S0_NXKV = jax.lax.scan(body, St_XKV, (gend_NX, X_NXKV))
-  return S0_NXKV, St_XKV
+    carry, S0_NXKV = _scan_chunks(body, carry, (gend_NX, X_NXKV), seq)
+  return S0_NXKV, carry
 
 
-def _delta_chunks(q_NXCK, k_NXCK, v_NXCV, beta_NXC, logg_NXC, St_XKV, *, rule: str, dot: Matmul):
+def _delta_chunks(q_NXCK, k_NXCK, v_NXCV, beta_NXC, logg_NXC, carry, *, rule: str, dot: Matmul, seq=None):
   """hebb / delta / decay / gated_delta on ``N`` chunks (one group), state ``S̃ = Sᵀ [X, K, V]``.
 
   The UT / WY construction of the module docstring (the chunked form of ``docs/papers/pavlovian.md``,
-  with the decays of Gated DeltaNet entering as ``Γ`` and ``G``); returns ``(O [N, X, C, V], S̃_N)``.
+  with the decays of Gated DeltaNet entering as ``Γ`` and ``G``); returns ``(O [N, X, C, V], S̃_N)``, the carry
+  ``(S̃_N, final states)`` with per-sequence states ``seq`` (:func:`_scan_chunks`).
   """
   C = q_NXCK.shape[2]
   decays, erases = rule in DECAY_RULES, rule in ("delta", "gated_delta")
@@ -225,7 +270,7 @@ def _delta_chunks(q_NXCK, k_NXCK, v_NXCV, beta_NXC, logg_NXC, St_XKV, *, rule: s
     W_NXCK = dot(T_NXCC, G_NXC[..., None] * bk_NXCK if decays else bk_NXCK)  # W = T diag(βG) K
     U_NXCV = dot(T_NXCC, bv_NXCV)  # U = T diag(β) V
     if not decays:
-      gend_NX = jnp.ones(q_NXCK.shape[:2], St_XKV.dtype)
+      gend_NX = jnp.ones(q_NXCK.shape[:2], q_NXCK.dtype)
 
     def body(St_XKV, x):  # the sequential part: two small matmuls per chunk
       W_XCK, U_XCV, kendT_XKC, gend_X = x
@@ -233,24 +278,26 @@ def _delta_chunks(q_NXCK, k_NXCK, v_NXCV, beta_NXC, logg_NXC, St_XKV, *, rule: s
       return gend_X[:, None, None] * St_XKV + dot(kendT_XKC, D_XCV), (St_XKV, D_XCV)
 
     xs = (W_NXCK, U_NXCV, kendT_NXKC, gend_NX)
-    St_XKV, (S0_NXKV, D_NXCV) = jax.lax.scan(body, St_XKV, xs)
+    carry, (S0_NXKV, D_NXCV) = _scan_chunks(body, carry, xs, seq)
   else:  # W = 0: the writes β V are known up front
     D_NXCV = bv_NXCV
-    S0_NXKV, St_XKV = _additive_scan(gend_NX if decays else None, dot(kendT_NXKC, D_NXCV), St_XKV)
+    S0_NXKV, carry = _additive_scan(gend_NX if decays else None, dot(kendT_NXKC, D_NXCV), carry, seq)
 
   inter_NXCV = dot(q_NXCK, S0_NXKV)
   if decays:
     inter_NXCV = G_NXC[..., None] * inter_NXCV
-  return inter_NXCV + dot(scores_NXCC, D_NXCV), St_XKV
+  return inter_NXCV + dot(scores_NXCC, D_NXCV), carry
 
 
-def _oja_chunks(q_NXCK, k_NXCK, v_NXCV, beta_NXC, logg_NXC, S_XVK, dot: Matmul):
+def _oja_chunks(q_NXCK, k_NXCK, v_NXCV, beta_NXC, logg_NXC, carry, dot: Matmul, seq=None):
   """oja / gated_oja chunks on ``S [X, D_v, D_k]``: the (gated) delta construction with write-key ``v``.
 
   ``S_t = γ_t (I − β_t v_t v_tᵀ) S_{t−1} + β_t v_t k_tᵀ`` (``γ = 1`` when ``logg_NXC`` is None)::
 
       A = tril(diag(β) (V Vᵀ ⊙ Γ), −1),  T = (I + A)^{-1},  W = T diag(β G) V,  U = T diag(β) K
       Δ = U − W S_0,   S_C = G_C S_0 + (diag(G_C / G) V)ᵀ Δ,   O = diag(G) Q S_0ᵀ + ((Q Δᵀ) ⊙ Γ) V
+
+  Returns ``(O [N, X, C, V], carry)``; the carry as in :func:`_delta_chunks`.
   """
   C = q_NXCK.shape[2]
   decays = logg_NXC is not None
@@ -264,17 +311,17 @@ def _oja_chunks(q_NXCK, k_NXCK, v_NXCV, beta_NXC, logg_NXC, S_XVK, dot: Matmul):
   U_NXCK = dot(T_NXCC, beta_NXC[..., None] * k_NXCK)
   vendT_NXVC = mT(kend_NXC[..., None] * v_NXCV if decays else v_NXCV)
   if not decays:
-    gend_NX = jnp.ones(q_NXCK.shape[:2], S_XVK.dtype)
+    gend_NX = jnp.ones(q_NXCK.shape[:2], q_NXCK.dtype)
 
   def body(S_XVK, x):  # S_{n+1} = G_C S_n + (diag(G_C / G) V)ᵀ (U − W S_n)
     W_XCV, U_XCK, vendT_XVC, gend_X = x
     D_XCK = U_XCK - dot(W_XCV, S_XVK)
     return gend_X[:, None, None] * S_XVK + dot(vendT_XVC, D_XCK), (S_XVK, D_XCK)
 
-  S_XVK, (S0_NXVK, D_NXCK) = jax.lax.scan(body, S_XVK, (W_NXCV, U_NXCK, vendT_NXVC, gend_NX))
+  carry, (S0_NXVK, D_NXCK) = _scan_chunks(body, carry, (W_NXCV, U_NXCK, vendT_NXVC, gend_NX), seq)
   qd_NXCC = dot(q_NXCK, mT(D_NXCK))  # Q Δᵀ, masked by Γ (decays) or tril
   qd_NXCC = qd_NXCC * gamma_NXCC if decays else jnp.where(causal(C, 4), qd_NXCC, 0.0)
   inter_NXCV = dot(q_NXCK, mT(S0_NXVK))
   if decays:
     inter_NXCV = G_NXC[..., None] * inter_NXCV
-  return inter_NXCV + dot(qd_NXCC, v_NXCV), S_XVK
+  return inter_NXCV + dot(qd_NXCC, v_NXCV), carry
