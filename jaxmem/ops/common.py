@@ -80,6 +80,23 @@ def gdn_gate(g, A_log, dt_bias):
   return -jnp.exp(per_head(A_log)) * jax.nn.softplus(g)
 
 
+def check_qkv(q, k, v, initial_state=None) -> tuple:
+  """fla's layouts ``q, k [B, T, H, K]``, ``v [B, T, HV, V]`` (``HV`` a multiple of ``H``), floating inputs,
+  ``T ≥ 1``: ``(B, T, H, K, HV, V)``, else ``ValueError`` naming the argument."""
+  B, T, H, K = check_rank("q", q, 4, "B, T, H, K")
+  Bk, Tk, Hk, Kk = check_rank("k", k, 4, "B, T, H, K")
+  Bv, Tv, HV, V = check_rank("v", v, 4, "B, T, HV, V")
+  check_equal("batch sizes", q=B, k=Bk, v=Bv)
+  check_equal("lengths", q=T, k=Tk, v=Tv)
+  check_equal("numbers of heads", q=H, k=Hk)
+  check_equal("key widths", q=K, k=Kk)
+  check_grouped_heads(H, HV)
+  check_floating(q=q, k=k, v=v, initial_state=initial_state)
+  if T == 0:
+    raise ValueError(f"`q` must have at least one time step, got shape {shape_of(q)}.")
+  return B, T, H, K, HV, V
+
+
 def run(rule: str, form: str, q, k, v, *, beta=None, g=None, scale: Optional[float] = None,
         initial_state=None, output_final_state: bool = False, cu_seqlens=None, segment_ids=None,
         chunk_size: int = 64, state_v_first: bool = False, q_l2norm: bool = False, k_l2norm: bool = False,
@@ -93,17 +110,7 @@ def run(rule: str, form: str, q, k, v, *, beta=None, g=None, scale: Optional[flo
   """
   if form not in FORMS:
     raise ValueError(f"form must be one of {list(FORMS)}, got {form!r}.")
-  B, T, H, K = check_rank("q", q, 4, "B, T, H, K")
-  Bk, Tk, Hk, Kk = check_rank("k", k, 4, "B, T, H, K")
-  Bv, Tv, HV, V = check_rank("v", v, 4, "B, T, HV, V")
-  check_equal("batch sizes", q=B, k=Bk, v=Bv)
-  check_equal("lengths", q=T, k=Tk, v=Tv)
-  check_equal("numbers of heads", q=H, k=Hk)
-  check_equal("key widths", q=K, k=Kk)
-  check_grouped_heads(H, HV)
-  check_floating(q=q, k=k, v=v, initial_state=initial_state)
-  if T == 0:
-    raise ValueError(f"`q` must have at least one time step, got shape {shape_of(q)}.")
+  B, T, H, K, HV, V = check_qkv(q, k, v, initial_state)
   chunk_size = check_positive_int("chunk_size", chunk_size)
   scale = K ** -0.5 if scale is None else check_finite_number("scale", scale)
   check_gate("beta", beta, (B, T, HV), "B, T, HV")
@@ -173,4 +180,4 @@ def _program(q, k, v, beta, g, A_log, dt_bias, h0, cu, segment_ids, extra_v, *, 
   return o, (S if state_v_first else jnp.swapaxes(S, -1, -2))
 
 
-__all__ = ["FORMS", "check_gate", "check_head_vector", "gdn_gate", "run"]
+__all__ = ["FORMS", "check_gate", "check_head_vector", "check_qkv", "gdn_gate", "run"]

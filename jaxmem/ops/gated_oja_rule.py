@@ -31,16 +31,13 @@ import jax
 import jax.numpy as jnp
 
 from jaxmem.checks import (
-  check_equal,
   check_finite_number,
-  check_floating,
   check_positive_int,
-  check_rank,
   shape_of,
 )
-from jaxmem.kernels.assoc import check_grouped_heads, l2_normalize
+from jaxmem.kernels.assoc import l2_normalize
 from jaxmem.kernels.segments import check_cu_seqlens, check_segment_ids, segment_starts
-from jaxmem.ops.common import check_gate, run
+from jaxmem.ops.common import check_gate, check_qkv, run
 
 
 def _gated_oja(form, q, k, v, gv, beta, scale, initial_state, output_final_state, use_q_l2norm, use_k_l2norm,
@@ -64,17 +61,7 @@ def _gated_oja(form, q, k, v, gv, beta, scale, initial_state, output_final_state
 def _per_channel(q, k, v, gv, beta, scale, initial_state, output_final_state, q_l2norm, k_l2norm, cu_seqlens,
                  segment_ids, op):
   """``gv [B, T, HV, V]``: the checks of :func:`jaxmem.ops.common.run`, then :func:`_per_channel_program`."""
-  B, T, H, K = check_rank("q", q, 4, "B, T, H, K")
-  Bk, Tk, Hk, Kk = check_rank("k", k, 4, "B, T, H, K")
-  Bv, Tv, HV, V = check_rank("v", v, 4, "B, T, HV, V")
-  check_equal("batch sizes", q=B, k=Bk, v=Bv)
-  check_equal("lengths", q=T, k=Tk, v=Tv)
-  check_equal("numbers of heads", q=H, k=Hk)
-  check_equal("key widths", q=K, k=Kk)
-  check_grouped_heads(H, HV)
-  check_floating(q=q, k=k, v=v, initial_state=initial_state)
-  if T == 0:
-    raise ValueError(f"`q` must have at least one time step, got shape {shape_of(q)}.")
+  B, T, H, K, HV, V = check_qkv(q, k, v, initial_state)
   scale = K ** -0.5 if scale is None else check_finite_number("scale", scale)
   check_gate("gv", gv, (B, T, HV, V), "B, T, HV, V")
   check_gate("beta", beta, (B, T, HV), "B, T, HV")
